@@ -1,0 +1,82 @@
+"""CPU backend: `_weight_int8pack_mm` where it is correct and faster than the alternatives, else fused dequant.
+
+Measured on the CI CPU (2-core AVX512 EPYC, torch 2.13, 4096x4096, see BENCHMARKS.md): the packed kernel is
+a GEMV per row, so its cost grows linearly with M (bf16: 0.5 ms at M=1, 3.8 ms at M=16, 28.6 ms at M=128),
+while dequantize + bf16 GEMM costs ~13 ms + the GEMM. With fp16/fp32 activations the packed kernel is slow
+(7-9 ms at M=1) and only wins at M=1. With bf16 on AVX512 it needs K % 16 == 0 and does not check it
+(wrong numbers for K=8/24/40, a segfault for K=7/33: shared/notes/torch-internals.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qlower.patterns.graph_utils import is_static
+from qlower.patterns.record import QuantLinear
+
+from .emulated import WOQ_INT8_DEQUANT_MM
+from .preference import KernelPreference
+from .registry import Lowering, register_backend
+from .woq_int8_emit import emit_int8pack_mm, make_emit_int8pack_by_m
+
+# Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype.
+PACKED_MAX_M = {torch.bfloat16: 64, torch.float16: 1, torch.float32: 1}
+
+
+def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:
+    if rec.compute_dtype not in PACKED_MAX_M:
+        return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
+    if rec.compute_dtype == torch.bfloat16 and rec.k % 16 != 0:
+        return f"bf16 _weight_int8pack_mm on CPU needs K % 16 == 0 (K={rec.k}); it gives wrong numbers or crashes"
+    return None
+
+
+def _supports_packed_static_m(rec: QuantLinear) -> str | None:
+    why = _packed_kernel_is_correct(rec)
+    if why:
+        return why
+    if not is_static(rec.m):
+        return "M is dynamic (the by-M lowering decides at run time)"
+    m, limit = int(rec.m), PACKED_MAX_M[rec.compute_dtype]
+    if m == 0:
+        return "M == 0"
+    if m > limit:
+        return f"M={m} > {limit}: dequant + GEMM is faster on CPU"
+    return None
+
+
+def _supports_packed_by_m(rec: QuantLinear) -> str | None:
+    why = _packed_kernel_is_correct(rec)
+    if why:
+        return why
+    if is_static(rec.m):
+        return "M is static (decided at compile time)"
+    return None
+
+
+WOQ_INT8_PACKED_CPU = Lowering(
+    name="aten._weight_int8pack_mm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_packed_static_m,
+    emit=emit_int8pack_mm,
+    doc="packed int8 weight GEMV; wins at small M",
+)
+
+WOQ_INT8_PACKED_BY_M_CPU = Lowering(
+    name="qlower.woq_int8_mm_by_m",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_packed_by_m,
+    emit=lambda graph, rec: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(graph, rec),
+    doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
+)
+
+
+def register() -> None:
+    register_backend(
+        "cpu",
+        [WOQ_INT8_PACKED_CPU, WOQ_INT8_PACKED_BY_M_CPU, WOQ_INT8_DEQUANT_MM],
+        describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
+        replace=True,
+    )

@@ -1,0 +1,22 @@
+"""CUDA backend. Never `_weight_int8pack_mm` here: on H200 it is a naive kernel, 9-770x slower than bf16
+(shared/notes/baselines.md). Until qlower's Triton kernels land, woq-int8 uses the fused dequant path, which
+is what stock Inductor generates for the same model (so AUTO is never slower than stock).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .emulated import WOQ_INT8_DEQUANT_MM
+from .registry import register_backend
+
+
+def describe(device: torch.device) -> str:
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{device} ({torch.cuda.get_device_name(device)}, capability {major}.{minor})"
+    return f"{device} (capability unknown: CUDA not available in this process)"
+
+
+def register() -> None:
+    register_backend("cuda", [WOQ_INT8_DEQUANT_MM], describe=describe, replace=True)

@@ -1,0 +1,33 @@
+"""qlower's own operators, for choices Inductor cannot express as one aten op (e.g. a choice by M at run time).
+
+Each op has a fake (meta) implementation so Inductor and AOTInductor can trace shapes through it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("qlower::woq_int8_mm_by_m", mutates_args=())
+def _woq_int8_mm_by_m(x: torch.Tensor, w_nk: torch.Tensor, scale: torch.Tensor, max_m_packed: int) -> torch.Tensor:
+    """x [M, K] @ (w_nk int8 [N, K] * scale [N]).T, choosing the kernel by M when M is only known at run time.
+
+    Small M: `_weight_int8pack_mm` (it reads int8 weights: the decode win). Larger M: dequantize once and
+    use the float GEMM, since the packed kernel's cost grows with M much faster than a GEMM's.
+    """
+    m = x.shape[0]
+    if m == 0:
+        return x.new_empty((0, w_nk.shape[0]))
+    if m <= max_m_packed:
+        return aten._weight_int8pack_mm(x, w_nk, scale)
+    return torch.mm(x, (w_nk.to(x.dtype) * scale[:, None]).t())
+
+
+@_woq_int8_mm_by_m.register_fake
+def _(x: torch.Tensor, w_nk: torch.Tensor, scale: torch.Tensor, max_m_packed: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_nk.shape[0]))
+
+
+woq_int8_mm_by_m = torch.ops.qlower.woq_int8_mm_by_m.default

@@ -1,0 +1,98 @@
+"""Emit new aten nodes into a post-AOT FX graph with correct fake values, and finish a lowered linear.
+
+Every node a lowering adds carries `meta["val"]` (computed by running the op on the fake values of its
+inputs), so Inductor's later passes and lowering see a graph as good as a traced one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from qlower.patterns.graph_utils import aten, prims, tensor_val
+from qlower.patterns.record import QuantLinear
+
+
+class Emitter:
+    """Inserts nodes before an anchor node and fills in their fake values."""
+
+    def __init__(self, graph: fx.Graph, before: fx.Node) -> None:
+        self.graph = graph
+        self.before = before
+
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        with self.graph.inserting_before(self.before):
+            node = self.graph.call_function(target, args, kwargs)
+        fake_args, fake_kwargs = tree_map(_fake_of, (args, kwargs))
+        fake_mode = detect_fake_mode(tree_flatten((fake_args, fake_kwargs))[0])
+        if fake_mode is None:
+            raise RuntimeError(f"qlower: no fake mode found for inputs of {target}")
+        with fake_mode:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        node.meta["qlower"] = True
+        return node
+
+    # Small vocabulary shared by all lowerings.
+    def convert(self, node: fx.Node, dtype: torch.dtype) -> fx.Node:
+        v = tensor_val(node)
+        if v is not None and v.dtype == dtype:
+            return node
+        return self.call(prims.convert_element_type.default, node, dtype)
+
+    def reshape(self, node: fx.Node, shape: list[Any]) -> fx.Node:
+        return self.call(aten.reshape.default, node, shape)
+
+    def contiguous(self, node: fx.Node) -> fx.Node:
+        v = tensor_val(node)
+        if v is not None and v.is_contiguous():
+            return node
+        return self.call(aten.clone.default, node, memory_format=torch.contiguous_format)
+
+    def transpose(self, node: fx.Node) -> fx.Node:
+        return self.call(aten.permute.default, node, [1, 0])
+
+
+def _fake_of(x: Any) -> Any:
+    return x.meta["val"] if isinstance(x, fx.Node) else x
+
+
+def weight_nk(em: Emitter, rec: QuantLinear) -> fx.Node:
+    """The quantized weight as a contiguous [N, K] tensor (what packed-weight kernels take)."""
+    w = rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
+    return em.contiguous(w)
+
+
+def scale_vector(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
+    """The weight scale as a contiguous [N] vector of `dtype` (ones when the graph had no scale)."""
+    s = rec.weight_scale
+    device = rec.device
+    if s is None or isinstance(s, (int, float)):
+        value = 1.0 if s is None else float(s)
+        return em.call(aten.full.default, [rec.n], value, dtype=dtype, device=device, pin_memory=False)
+    v = tensor_val(s)
+    assert v is not None
+    if v.numel() == 1:
+        s = em.call(aten.expand.default, em.reshape(s, [1]), [rec.n])
+        s = em.call(aten.clone.default, s, memory_format=torch.contiguous_format)
+    elif v.dim() != 1:
+        s = em.reshape(s, [rec.n])
+    return em.contiguous(em.convert(s, dtype))
+
+
+def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
+    """Add the bias, restore the output dtype and N-D shape: [M, N] core -> value of `rec.output`."""
+    out = core
+    if rec.bias is not None:
+        bias = rec.bias
+        bv = tensor_val(bias)
+        if bv is not None and bv.dim() > 1:
+            bias = em.reshape(bias, [bv.shape[-1]])
+        out = em.call(aten.add.Tensor, out, bias)
+    out = em.convert(out, rec.out_dtype)
+    if rec.out_shape is not None:
+        out = em.reshape(out, rec.out_shape)
+    return out

@@ -1,0 +1,28 @@
+"""Emulated lowerings: dequantize, then a float matmul that Inductor fuses. Correct on every device.
+
+They are the last entry of every in-tree backend's ranking and the shield for candidates no faster kernel
+supports: once rewritten, Inductor's own woq pattern (which calls `_weight_int8pack_mm` without checking its
+K constraint) cannot match them any more.
+"""
+
+from __future__ import annotations
+
+from qlower.patterns.record import QuantLinear
+
+from .preference import KernelPreference
+from .registry import Lowering
+from .woq_int8_emit import emit_dequant_mm
+
+
+def _always(rec: QuantLinear) -> str | None:
+    return None
+
+
+WOQ_INT8_DEQUANT_MM = Lowering(
+    name="dequant_mm",
+    family="woq_int8",
+    kind=KernelPreference.EMULATED,
+    supports=_always,
+    emit=emit_dequant_mm,
+    doc="fused int8->float dequant (scale applied on the weight) + float GEMM",
+)

@@ -1,0 +1,36 @@
+"""Work-arounds for Inductor bugs that qlower's emitted graphs would otherwise hit.
+
+Each fix is applied lazily, once, only when a lowering emits the op it concerns, and wraps (never replaces)
+Inductor's own lowering so behaviour for already-working inputs does not change.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+
+@functools.cache
+def realize_int8pack_scale() -> None:
+    """torch 2.11-2.13: Inductor's `_weight_int8pack_mm` lowering binds `scale` without realizing it.
+
+    A computed scale (e.g. `s.to(bf16)`) is still a Pointwise there and the extern call asserts
+    (`unwrap_storage_for_input: AssertionError: <class 'torch._inductor.ir.Pointwise'>`). Realize it first.
+    """
+    from torch._inductor import lowering
+    from torch._inductor.select_algorithm import realize_inputs
+
+    op = aten._weight_int8pack_mm.default
+    original = lowering.lowerings.get(op)
+    if original is None or getattr(original, "_qlower_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def lowering_with_realized_scale(x, w, scale, *args, **kwargs):
+        return original(x, w, realize_inputs(scale), *args, **kwargs)
+
+    lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
+    lowering.lowerings[op] = lowering_with_realized_scale

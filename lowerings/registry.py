@@ -1,0 +1,154 @@
+"""The backend registry: each device type declares its lowerings, ranked per family.
+
+Device knowledge lives here and in the per-device modules, never in `patterns/`. A backend that qlower does
+not ship (XPU variants, Trainium, any PrivateUse1 device) plugs in with one `register_backend` call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from qlower.patterns.record import QuantLinear
+
+from .errors import UnsupportedPlatformError
+from .preference import KernelPreference
+
+SupportsFn = Callable[[QuantLinear], "str | None"]
+EmitFn = Callable[[fx.Graph, QuantLinear], fx.Node]
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """One way to run a family's record on a device.
+
+    `supports(record)` returns None when the lowering is correct (and sensible) for the record, else a short
+    reason; `emit(graph, record)` inserts the kernel call and returns the node that replaces `record.output`.
+    """
+
+    name: str
+    family: str
+    kind: KernelPreference
+    supports: SupportsFn
+    emit: EmitFn
+    doc: str = ""
+
+
+def _no_description(device: torch.device) -> str:
+    return str(device)
+
+
+@dataclass
+class Backend:
+    device_type: str
+    lowerings: list[Lowering] = field(default_factory=list)
+    describe: Callable[[torch.device], str] = _no_description
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The registry's answer for one record: the lowering (or None) and why the others were passed over."""
+
+    lowering: Lowering | None
+    passed_over: tuple[tuple[str, str], ...]
+    reason: str | None = None
+
+
+_LOCK = threading.Lock()
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(
+    device_type: str,
+    lowerings: Sequence[Lowering],
+    *,
+    describe: Callable[[torch.device], str] | None = None,
+    replace: bool = False,
+) -> None:
+    """Declare the lowerings of a device type, best first within each family.
+
+    Registering a device type that exists already ranks the new lowerings ahead of the old ones (so a plugin
+    can add a faster kernel to an in-tree backend); `replace=True` drops the old ones instead.
+    """
+    if not isinstance(device_type, str) or not device_type:
+        raise ValueError("register_backend: device_type must be a device type name such as 'cpu' or 'xpu'")
+    for lowering in lowerings:
+        if not isinstance(lowering, Lowering):
+            raise TypeError(f"register_backend: expected qlower.Lowering, got {type(lowering).__name__}")
+    with _LOCK:
+        old = _BACKENDS.get(device_type)
+        keep = [] if (old is None or replace) else old.lowerings
+        names = {lowering.name for lowering in lowerings}
+        merged = list(lowerings) + [lw for lw in keep if lw.name not in names]
+        describe_fn = describe or (old.describe if old is not None else _no_description)
+        _BACKENDS[device_type] = Backend(device_type, merged, describe_fn)
+
+
+def unregister_backend(device_type: str) -> None:
+    with _LOCK:
+        _BACKENDS.pop(device_type, None)
+
+
+def backends() -> dict[str, Backend]:
+    with _LOCK:
+        return dict(_BACKENDS)
+
+
+def fingerprint() -> str:
+    """A stable text of every registered lowering: part of the pass's cache key."""
+    with _LOCK:
+        return ";".join(
+            f"{dev}:" + ",".join(f"{lw.family}/{lw.name}/{lw.kind.value}" for lw in b.lowerings)
+            for dev, b in sorted(_BACKENDS.items())
+        )
+
+
+def _family_lowerings(backend: Backend, family: str) -> list[Lowering]:
+    return [lw for lw in backend.lowerings if lw.family == family]
+
+
+def choose(record: QuantLinear, preference: KernelPreference) -> Choice:
+    """Pick the lowering for `record` on its device under `preference`.
+
+    AUTO: the first supporting lowering of the backend's ranked list, or None with the reasons. An explicit
+    preference that cannot be honoured raises `UnsupportedPlatformError` naming the device, family,
+    preference and the preferences that would work.
+    """
+    device = record.device
+    backend = backends().get(device.type)
+    if backend is None:
+        reason = f"no qlower backend registered for device type '{device.type}' (registered: {sorted(backends())})"
+        if preference is KernelPreference.AUTO:
+            return Choice(None, (), reason)
+        raise UnsupportedPlatformError(
+            f"qlower: platform unsupported: device={device}, family={record.family}, "
+            f"kernel_preference={preference}: {reason}"
+        )
+    family = _family_lowerings(backend, record.family)
+    wanted = family if preference is KernelPreference.AUTO else [lw for lw in family if lw.kind is preference]
+    passed_over: list[tuple[str, str]] = []
+    for lowering in wanted:
+        why = lowering.supports(record)
+        if why is None:
+            return Choice(lowering, tuple(passed_over))
+        passed_over.append((lowering.name, why))
+    if not family:
+        reason = f"device type '{device.type}' declares no {record.family} lowering"
+    elif not wanted:
+        reason = f"no {record.family} lowering of kind {preference} on '{device.type}'"
+    else:
+        reason = "; ".join(f"{name}: {why}" for name, why in passed_over)
+    if preference is KernelPreference.AUTO:
+        return Choice(None, tuple(passed_over), reason)
+    workable = sorted({lw.kind.name for lw in family if lw.supports(record) is None})
+    options = ", ".join(["AUTO"] + workable) if workable else "none (AUTO leaves it unlowered)"
+    raise UnsupportedPlatformError(
+        f"qlower: platform unsupported: device={backend.describe(device)}, family={record.family}, "
+        f"kernel_preference={preference}, shape (M, K, N)={record.shape}, dtype={record.compute_dtype}: "
+        f"{reason}. Lowerings on '{device.type}' for {record.family}: "
+        f"{[f'{lw.name} ({lw.kind})' for lw in family] or 'none'}. Preferences that work here: {options}."
+    )

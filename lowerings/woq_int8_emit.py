@@ -1,0 +1,69 @@
+"""Emitters for woq-int8 records: the ATen packed kernel, a guarded choice by M, and fused dequant + mm.
+
+These say *how* to build each kernel call; which device uses which (and when) is decided in the per-device
+modules through `supports` rules.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from qlower.patterns.graph_utils import aten, tensor_val
+from qlower.patterns.record import QuantLinear
+
+from . import custom_ops, inductor_fixes
+from .emit import Emitter, finish, scale_vector, weight_nk
+
+
+def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """aten._weight_int8pack_mm(x [M, K], w [N, K] int8, scale [N]) with scale in x's dtype."""
+    inductor_fixes.realize_int8pack_scale()
+    em = Emitter(graph, rec.output)
+    core = em.call(
+        aten._weight_int8pack_mm.default,
+        em.contiguous(rec.x),
+        weight_nk(em, rec),
+        scale_vector(em, rec, rec.compute_dtype),
+    )
+    return finish(em, rec, core)
+
+
+def make_emit_int8pack_by_m(max_m_packed: int):
+    """Dynamic M: one op that runs the packed kernel for M <= max_m_packed and dequant + mm above it."""
+
+    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+        em = Emitter(graph, rec.output)
+        core = em.call(
+            custom_ops.woq_int8_mm_by_m,
+            em.contiguous(rec.x),
+            weight_nk(em, rec),
+            scale_vector(em, rec, rec.compute_dtype),
+            max_m_packed,
+        )
+        return finish(em, rec, core)
+
+    return emit
+
+
+def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """mm(x, (w.to(s.dtype) * s).to(x.dtype)): one fused pointwise dequant feeding a float matmul.
+
+    The scale is applied to the weight (in the scale's own dtype, so fp32 scales lose nothing), which also
+    keeps the result out of reach of Inductor's own woq rewrite (it only matches `mm(...) * scale`).
+    """
+    em = Emitter(graph, rec.output)
+    w = rec.weight
+    if rec.weight_scale is None:
+        deq = em.convert(w, rec.compute_dtype)
+    else:
+        sv = tensor_val(rec.weight_scale)
+        sdtype = sv.dtype if sv is not None and sv.dtype.is_floating_point else torch.float32
+        sdtype = torch.promote_types(sdtype, rec.compute_dtype)
+        s = scale_vector(em, rec, sdtype)
+        if rec.weight_layout == "NK":
+            s = em.reshape(s, [rec.n, 1])
+        deq = em.convert(em.call(aten.mul.Tensor, em.convert(w, sdtype), s), rec.compute_dtype)
+    w_kn = em.transpose(deq) if rec.weight_layout == "NK" else deq
+    core = em.call(aten.mm.default, rec.x, w_kn)
+    return finish(em, rec, core)

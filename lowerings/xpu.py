@@ -1,0 +1,36 @@
+"""XPU backend: `_weight_int8pack_mm` runs on oneDNN there (no K or M constraint known as of torch 2.13);
+fused dequant + GEMM as the fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qlower.patterns.record import QuantLinear
+
+from .emulated import WOQ_INT8_DEQUANT_MM
+from .preference import KernelPreference
+from .registry import Lowering, register_backend
+from .woq_int8_emit import emit_int8pack_mm
+
+_PACKED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _supports_packed(rec: QuantLinear) -> str | None:
+    if rec.compute_dtype not in _PACKED_DTYPES:
+        return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
+    return None
+
+
+WOQ_INT8_PACKED_XPU = Lowering(
+    name="aten._weight_int8pack_mm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_packed,
+    emit=emit_int8pack_mm,
+    doc="oneDNN packed int8 weight GEMM",
+)
+
+
+def register() -> None:
+    register_backend("xpu", [WOQ_INT8_PACKED_XPU, WOQ_INT8_DEQUANT_MM], replace=True)

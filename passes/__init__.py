@@ -1,0 +1,8 @@
+"""Glue between Inductor and qlower: the custom graph pass and the decision report."""
+
+from __future__ import annotations
+
+from .qlower_pass import QLowerPass
+from .report import Decision, Report, all_reports, clear_reports, last_report
+
+__all__ = ["Decision", "QLowerPass", "Report", "all_reports", "clear_reports", "last_report"]

@@ -1,0 +1,119 @@
+"""The Inductor custom pass: find records per family, let the registry choose, emit, report.
+
+Installed as Inductor's `joint_custom_pre_pass`. That hook runs for every inference compile, with and without
+`freezing`, and for AOTInductor, and it runs *before* freezing's constant folding (which would otherwise fold
+`w_int8.to(bf16)` into a bf16 constant and lose the int8 weight) and before the post-grad patterns (whose
+woq rewrite calls `_weight_int8pack_mm` without checking its K constraint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.patterns import FAMILIES, QuantLinear, Rejection
+from qlower.patterns.graph_utils import tensor_val
+
+from . import report as reporting
+
+
+def _source_files() -> tuple[str, ...]:
+    import qlower
+    import qlower.lowerings
+    import qlower.passes
+    import qlower.patterns
+
+    roots = {Path(m.__file__).parent for m in (qlower, qlower.passes, qlower.patterns, qlower.lowerings)}
+    return tuple(sorted(str(p) for root in roots for p in root.rglob("*.py")))
+
+
+def _describe_shape(rec: QuantLinear | Rejection) -> tuple:
+    return tuple(rec.shape) if rec.shape is not None else ("?", "?", "?")
+
+
+class QLowerPass(CustomGraphPass):
+    """Rewrites every recognised quantized linear to the best lowering of its device."""
+
+    def __init__(self, families: tuple[str, ...], preference: KernelPreference) -> None:
+        unknown = [f for f in families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"qlower: unknown families {unknown}; known: {sorted(FAMILIES)}")
+        self.families = tuple(families)
+        self.preference = KernelPreference(preference)
+
+    def __repr__(self) -> str:
+        return f"QLowerPass(families={self.families}, kernel_preference={self.preference})"
+
+    def __call__(self, graph: fx.Graph) -> None:
+        report = reporting.start_graph()
+        for family in self.families:
+            for cand in FAMILIES[family](graph):
+                reporting.add(report, self._lower(graph, cand))
+        graph.lint()
+
+    def _lower(self, graph: fx.Graph, cand: QuantLinear | Rejection) -> reporting.Decision:
+        if isinstance(cand, Rejection):
+            return reporting.Decision(
+                family=cand.family,
+                device=str(cand.device),
+                shape=_describe_shape(cand),
+                dtype=str(cand.dtype),
+                lowering=None,
+                reason=cand.reason,
+                node=cand.anchor.name,
+            )
+        choice = choose(cand, self.preference)
+        base = dict(
+            family=cand.family,
+            device=str(cand.device),
+            shape=_describe_shape(cand),
+            dtype=str(cand.compute_dtype),
+            form=cand.form,
+            node=cand.output.name,
+        )
+        if choice.lowering is None:
+            return reporting.Decision(lowering=None, reason=choice.reason, **base)
+        new = choice.lowering.emit(graph, cand)
+        _check_same_value(cand.output, new)
+        cand.output.replace_all_uses_with(new)
+        _erase_dead(graph, cand.nodes)
+        passed = _summarize(choice.passed_over)
+        return reporting.Decision(
+            lowering=choice.lowering.name, reason=passed, kind=choice.lowering.kind.name, **base
+        )
+
+    def uuid(self) -> str:
+        h = hashlib.sha256(get_hash_for_files(_source_files()))
+        h.update(repr((self.families, self.preference.value, fingerprint())).encode())
+        return h.hexdigest()
+
+
+def _summarize(passed_over: tuple[tuple[str, str], ...]) -> str | None:
+    """'a, b: reason' for lowerings passed over for the same reason."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in passed_over:
+        by_reason.setdefault(why, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items()) or None
+
+
+def _check_same_value(old: fx.Node, new: fx.Node) -> None:
+    """A lowering must produce exactly the shape and dtype of what it replaces."""
+    a, b = tensor_val(old), tensor_val(new)
+    if a is None or b is None or a.dtype != b.dtype or a.dim() != b.dim():
+        raise AssertionError(f"qlower: lowering changed {old.name}: {a} -> {b}")
+
+
+def _erase_dead(graph: fx.Graph, nodes: tuple[fx.Node, ...]) -> None:
+    pending = [n for n in nodes if n.graph is graph]
+    changed = True
+    while changed:
+        changed = False
+        for node in list(pending):
+            if not node.users:
+                graph.erase_node(node)
+                pending.remove(node)
+                changed = True

@@ -1,0 +1,151 @@
+"""What qlower decided for every candidate linear of a compile, as data, a printable table and INFO logs.
+
+`QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger("qlower")
+if os.environ.get("QLOWER_LOG", "") not in ("", "0") and not log.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[qlower] %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One candidate quantized linear and what happened to it."""
+
+    family: str
+    device: str
+    shape: tuple[Any, Any, Any]  # (M, K, N); M may be symbolic (printed as its expression)
+    dtype: str
+    lowering: str | None  # the chosen lowering's name, None when left alone
+    reason: str | None  # why it was left alone, or which faster lowerings were passed over and why
+    kind: str | None = None  # the chosen lowering's KernelPreference kind
+    form: str = ""  # the graph form the pattern matched
+    node: str = ""  # name of the replaced node in the graph
+
+    @property
+    def lowered(self) -> bool:
+        return self.lowering is not None
+
+
+@dataclass
+class Report:
+    """The decisions of one compile (all graphs Inductor compiled under one compile id)."""
+
+    compile_id: str | None
+    entries: list[Decision] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def lowered(self) -> list[Decision]:
+        return [d for d in self.entries if d.lowered]
+
+    @property
+    def left_alone(self) -> list[Decision]:
+        return [d for d in self.entries if not d.lowered]
+
+    def table(self) -> str:
+        head = ("family", "device", "M, K, N", "dtype", "lowering", "form", "reason")
+        rows = [
+            (
+                d.family,
+                d.device,
+                ", ".join(str(s) for s in d.shape),
+                d.dtype.replace("torch.", ""),
+                d.lowering or "-- left alone --",
+                d.form,
+                d.reason or "",
+            )
+            for d in self.entries
+        ]
+        if not rows:
+            return f"qlower report (compile {self.compile_id}): no candidate linears"
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return f"qlower report (compile {self.compile_id}): {len(self.lowered)}/{len(self)} lowered\n" + "\n".join(lines)
+
+    __str__ = table
+
+
+_lock = threading.Lock()
+_reports: list[Report] = []
+
+
+_last_context: list[object] = []
+
+
+def _current_compile() -> tuple[str | None, object | None]:
+    """The compile id and the tracing context object: a new context means a new compile."""
+    cid = torch._guards.CompileContext.current_compile_id()
+    return (None if cid is None else str(cid)), torch._guards.TracingContext.try_get()
+
+
+def start_graph() -> Report:
+    """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
+    cid, context = _current_compile()
+    with _lock:
+        same = context is not None and _last_context and _last_context[0] is context
+        if not same or not _reports or _reports[-1].compile_id != cid:
+            _reports.append(Report(cid))
+            del _reports[:-64]
+            _last_context[:] = [context]
+        return _reports[-1]
+
+
+def add(report: Report, decision: Decision) -> None:
+    with _lock:
+        report.entries.append(decision)
+    if decision.lowered:
+        log.info(
+            "%s %s M,K,N=%s %s -> %s%s",
+            decision.family,
+            decision.device,
+            decision.shape,
+            decision.dtype,
+            decision.lowering,
+            f" ({decision.reason})" if decision.reason else "",
+        )
+    else:
+        log.info(
+            "%s %s M,K,N=%s %s left alone: %s",
+            decision.family,
+            decision.device,
+            decision.shape,
+            decision.dtype,
+            decision.reason,
+        )
+
+
+def last_report() -> Report:
+    """Decisions of the most recent compile that ran qlower's pass (empty if none has run)."""
+    with _lock:
+        return _reports[-1] if _reports else Report(None)
+
+
+def all_reports() -> list[Report]:
+    with _lock:
+        return list(_reports)
+
+
+def clear_reports() -> None:
+    with _lock:
+        _reports.clear()
+        _last_context.clear()

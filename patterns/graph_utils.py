@@ -1,0 +1,99 @@
+"""Small helpers for walking aten FX graphs: which node is a view, a transpose, a dtype convert.
+
+Recognizers stay readable when the graph vocabulary lives here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+VIEW_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+MUL_OPS = (aten.mul.Tensor,)
+ADD_OPS = (aten.add.Tensor,)
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def val(node: Any) -> Any:
+    """The fake value Inductor recorded for a node (None for non-nodes or missing meta)."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def tensor_val(node: Any) -> torch.Tensor | None:
+    v = val(node)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def is_call(node: Any, targets: Iterable[Any]) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in tuple(targets)
+
+
+def is_transpose_2d(node: Any) -> bool:
+    """t(x), permute(x, [1, 0]) or transpose(x, 0, 1) on a 2-D tensor."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    v = tensor_val(node)
+    if v is None or v.dim() != 2:
+        return False
+    if node.target is aten.t.default:
+        return True
+    if node.target is aten.permute.default:
+        return list(node.args[1]) in ([1, 0], [-1, -2], [1, -2], [-1, 0])
+    if node.target is aten.transpose.int:
+        return sorted(d % 2 for d in node.args[1:3]) == [0, 1]
+    return False
+
+
+def convert_target_dtype(node: Any) -> torch.dtype | None:
+    """The dtype a pure dtype-conversion node produces, or None if the node is not one."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    if node.target is prims.convert_element_type.default:
+        return node.args[1]
+    if node.target is aten._to_copy.default:
+        extra = set(node.kwargs) - {"dtype", "layout", "device", "memory_format"}
+        src, out = tensor_val(node.args[0]), tensor_val(node)
+        if extra or src is None or out is None or src.device != out.device:
+            return None
+        return node.kwargs.get("dtype")
+    return None
+
+
+def has_single_user(node: fx.Node) -> bool:
+    return len(node.users) == 1
+
+
+def broadcasts_along_last_dim(other: Any, out: torch.Tensor) -> bool:
+    """True when `other` (a node or a Python number) varies at most along the last dim of `out`."""
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        return True
+    v = tensor_val(other)
+    if v is None or v.dim() > out.dim():
+        return False
+    n = out.shape[-1]
+    shape = list(v.shape)
+    if not shape:
+        return True
+    return all(known_eq(s, 1) for s in shape[:-1]) and (known_eq(shape[-1], 1) or known_eq(shape[-1], n))
+
+
+def known_eq(a: Any, b: Any) -> bool:
+    """a == b without adding shape guards (a pass after Dynamo must not specialize symbols)."""
+    return bool(statically_known_true(a == b))
+
+
+def is_static(x: Any) -> bool:
+    return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
+
+
+def numel_of(x: Any) -> int:
+    """Number of elements of a node's value (1 for Python numbers)."""
+    v = tensor_val(x)
+    return 1 if v is None else int(v.numel())

@@ -1,0 +1,78 @@
+"""The one match record between patterns and lowerings.
+
+A pattern turns any graph form of a quantized linear into a `QuantLinear`; a lowering turns a `QuantLinear`
+into kernel calls. Neither side knows the other's details, so N patterns x M lowerings cost N + M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from .graph_utils import tensor_val
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """How the activation is quantized in-graph (dynamic families); None for weight-only families."""
+
+    scheme: str  # e.g. "per_token_symmetric"
+    qmin: int
+    qmax: int
+    x_float: fx.Node  # the float activation before quantization, 2-D [M, K]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class QuantLinear:
+    """One quantized linear found in a graph: y = (x @ dequant(weight).T) [* scale] [+ bias].
+
+    `x` is the 2-D matmul input [M, K]; the lowered [M, N] result is finished (bias, dtype, view back to the
+    original N-D shape) and replaces `output`.
+    """
+
+    family: str
+    x: fx.Node
+    weight: fx.Node
+    weight_layout: str  # "NK" (F.linear's layout) or "KN" (stored transposed)
+    weight_scale: fx.Node | float | None  # per output channel (numel N) or per tensor (numel 1)
+    bias: fx.Node | None
+    compute_dtype: torch.dtype  # dtype of the matmul in the matched graph
+    out_dtype: torch.dtype  # dtype of `output`
+    m: int | torch.SymInt
+    k: int
+    n: int
+    output: fx.Node
+    out_shape: list[Any] | None  # shape argument of the trailing view, when the result was N-D
+    nodes: tuple[fx.Node, ...]  # the matched nodes; those left without users are erased
+    act_quant: ActQuant | None = None
+    weight_block: int | None = None  # MX: elements per shared scale along K
+    form: str = ""  # which graph form matched (for reports and expect-tests)
+
+    @property
+    def device(self) -> torch.device:
+        v = tensor_val(self.x)
+        assert v is not None
+        return v.device
+
+    @property
+    def shape(self) -> tuple[Any, int, int]:
+        return (self.m, self.k, self.n)
+
+
+@dataclass
+class Rejection:
+    """A candidate the pattern saw but could not describe as a QuantLinear, and why."""
+
+    family: str
+    anchor: fx.Node
+    reason: str
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    shape: tuple[Any, ...] | None = None
+
+
+Candidate = QuantLinear | Rejection
