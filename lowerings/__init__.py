@@ -5,7 +5,16 @@ from __future__ import annotations
 from . import cpu, cuda, xpu
 from .errors import QLowerError, UnsupportedPlatformError
 from .preference import KernelPreference
-from .registry import Backend, Choice, Lowering, backends, choose, fingerprint, register_backend, unregister_backend
+from .registry import (
+    Backend,
+    Choice,
+    Lowering,
+    backends,
+    choose,
+    fingerprint,
+    register_backend,
+    unregister_backend,
+)
 
 
 def register_builtin_backends() -> None:

@@ -11,7 +11,9 @@ aten = torch.ops.aten
 
 
 @torch.library.custom_op("qlower::woq_int8_mm_by_m", mutates_args=())
-def _woq_int8_mm_by_m(x: torch.Tensor, w_nk: torch.Tensor, scale: torch.Tensor, max_m_packed: int) -> torch.Tensor:
+def _woq_int8_mm_by_m(
+    x: torch.Tensor, w_nk: torch.Tensor, scale: torch.Tensor, max_m_packed: int
+) -> torch.Tensor:
     """x [M, K] @ (w_nk int8 [N, K] * scale [N]).T, choosing the kernel by M when M is only known at run time.
 
     Small M: `_weight_int8pack_mm` (it reads int8 weights: the decode win). Larger M: dequantize once and

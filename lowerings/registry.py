@@ -121,7 +121,9 @@ def choose(record: QuantLinear, preference: KernelPreference) -> Choice:
     device = record.device
     backend = backends().get(device.type)
     if backend is None:
-        reason = f"no qlower backend registered for device type '{device.type}' (registered: {sorted(backends())})"
+        reason = (
+            f"no qlower backend registered for device type '{device.type}' (registered: {sorted(backends())})"
+        )
         if preference is KernelPreference.AUTO:
             return Choice(None, (), reason)
         raise UnsupportedPlatformError(

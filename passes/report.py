@@ -78,9 +78,14 @@ class Report:
         if not rows:
             return f"qlower report (compile {self.compile_id}): no candidate linears"
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        return f"qlower report (compile {self.compile_id}): {len(self.lowered)}/{len(self)} lowered\n" + "\n".join(lines)
+        return (
+            f"qlower report (compile {self.compile_id}): {len(self.lowered)}/{len(self)} lowered\n"
+            + "\n".join(lines)
+        )
 
     __str__ = table
 

@@ -17,12 +17,18 @@ from .graph_utils import tensor_val
 
 @dataclass(frozen=True)
 class ActQuant:
-    """How the activation is quantized in-graph (dynamic families); None for weight-only families."""
+    """The in-graph quantization of the activation (dynamic families); None for weight-only families.
 
-    scheme: str  # e.g. "per_token_symmetric"
-    qmin: int
-    qmax: int
-    x_float: fx.Node  # the float activation before quantization, 2-D [M, K]
+    The pattern keeps the graph's own quantize nodes (`x_q`, `x_scale`): lowerings consume them, so the
+    numerics are exactly the model's, and Inductor fuses that prologue with its producer.
+    """
+
+    scheme: str  # "per_token_symmetric" (dynamic_int8), "mx_block" (MX), ...
+    x_q: fx.Node  # quantized activation, 2-D [M, K] (int8, fp8, or packed fp4)
+    x_scale: fx.Node  # per-token scale (numel M, broadcast as [M, 1]) or MX block scales [M, K / block]
+    qmin: int = -128
+    qmax: int = 127
+    x_float: fx.Node | None = None  # float activation before quantization, if the graph has it
     details: dict[str, Any] = field(default_factory=dict)
 
 

@@ -25,6 +25,7 @@ from .graph_utils import (
     convert_target_dtype,
     has_single_user,
     is_call,
+    is_static,
     is_transpose_2d,
     known_eq,
     tensor_val,
@@ -154,10 +155,20 @@ def _match(mm: fx.Node) -> Candidate | None:
     base = dict(family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, k, n))
     if isinstance(path, str):
         return Rejection(reason=path, **base)
+    wv = tensor_val(path.source)
+    if wv is None or wv.dim() != 2 or not all(is_static(d) for d in wv.shape):
+        return Rejection(reason="weight is not a 2-D tensor of static shape", **base)
+    # K and N come from the weight, whose shape is static even when Dynamo marks activation dims dynamic.
+    n, k = (
+        (int(wv.shape[0]), int(wv.shape[1])) if path.flips % 2 == 1 else (int(wv.shape[1]), int(wv.shape[0]))
+    )
+    base["shape"] = (m, k, n)
     if xv.dtype not in FLOAT_DTYPES:
         return Rejection(reason=f"activation dtype {xv.dtype} is not bf16/fp16/fp32", **base)
     if not _weight_scale_ok(path, n):
-        return Rejection(reason="weight scale does not broadcast per output channel (per-K or block scales)", **base)
+        return Rejection(
+            reason="weight scale does not broadcast per output channel (per-K or block scales)", **base
+        )
 
     # Walk forward: views, one per-channel multiply (if the weight carried none), one bias add.
     scale, out_shape, cur = path.scale, None, mm
@@ -171,7 +182,11 @@ def _match(mm: fx.Node) -> Candidate | None:
             out_shape = list(user.args[1])
         elif is_call(user, MUL_OPS) and scale is None and bias is None:
             other = user.args[1] if user.args[0] is cur else user.args[0]
-            if other is cur or not broadcasts_along_last_dim(other, uv) or not _is_float_scalar_or_tensor(other):
+            if (
+                other is cur
+                or not broadcasts_along_last_dim(other, uv)
+                or not _is_float_scalar_or_tensor(other)
+            ):
                 break
             scale = other
         elif is_call(user, ADD_OPS) and bias is None and user.kwargs.get("alpha", 1) == 1:
@@ -185,13 +200,17 @@ def _match(mm: fx.Node) -> Candidate | None:
         cur = user
 
     if len(_devices(x, path.source, scale, bias)) > 1:
-        return Rejection(reason=f"mixed devices {sorted(map(str, _devices(x, path.source, scale, bias)))}", **base)
+        return Rejection(
+            reason=f"mixed devices {sorted(map(str, _devices(x, path.source, scale, bias)))}", **base
+        )
     outv = tensor_val(cur)
     form = "+".join(
         p
         for p in (
             "addmm" if mm.target is aten.addmm.default else "mm",
-            "weight_scale" if path.scale is not None else ("output_scale" if scale is not None else "no_scale"),
+            "weight_scale"
+            if path.scale is not None
+            else ("output_scale" if scale is not None else "no_scale"),
             "bias" if bias is not None else "",
             "nd" if out_shape is not None else "",
             "kn_weight" if path.flips % 2 == 0 else "",
@@ -208,8 +227,8 @@ def _match(mm: fx.Node) -> Candidate | None:
         compute_dtype=mmv.dtype,
         out_dtype=outv.dtype,
         m=m,
-        k=int(k),
-        n=int(n),
+        k=k,
+        n=n,
         output=cur,
         out_shape=out_shape,
         nodes=tuple(chain) + tuple(path.nodes),

@@ -1,7 +1,7 @@
 """qlower: quantized linears lowered to the best kernel of each device under torch.compile and AOTInductor.
 
-    model = torch.compile(model, options=qlower.inductor_options())
-    print(qlower.last_report())
+model = torch.compile(model, options=qlower.inductor_options())
+print(qlower.last_report())
 """
 
 from __future__ import annotations

@@ -26,5 +26,7 @@ def inductor_options(
     if isinstance(kernel_preference, str) and not isinstance(kernel_preference, KernelPreference):
         kernel_preference = KernelPreference[kernel_preference.upper()]
     if "joint_custom_pre_pass" in inductor_config:
-        raise ValueError("qlower.inductor_options: joint_custom_pre_pass is qlower's hook; chain your pass elsewhere")
+        raise ValueError(
+            "qlower.inductor_options: joint_custom_pre_pass is qlower's hook; chain your pass elsewhere"
+        )
     return {"joint_custom_pre_pass": QLowerPass(fams, kernel_preference), **inductor_config}
