@@ -23,7 +23,7 @@ def _woq_int8_mm_by_m(
     if m == 0:
         return x.new_empty((0, w_nk.shape[0]))
     if m <= max_m_packed:
-        return aten._weight_int8pack_mm(x, w_nk, scale)
+        return aten._weight_int8pack_mm(x.contiguous(), w_nk.contiguous(), scale.contiguous())
     return torch.mm(x, (w_nk.to(x.dtype) * scale[:, None]).t())
 
 

@@ -85,14 +85,14 @@ def scale_vector(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
 
 def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
     """Add the bias, restore the output dtype and N-D shape: [M, N] core -> value of `rec.output`."""
-    out = core
+    # Widen first: the graph promoted (matmul * scale) to out_dtype before adding the bias.
+    out = em.convert(core, rec.out_dtype)
     if rec.bias is not None:
         bias = rec.bias
         bv = tensor_val(bias)
         if bv is not None and bv.dim() > 1:
             bias = em.reshape(bias, [bv.shape[-1]])
-        out = em.call(aten.add.Tensor, out, bias)
-    out = em.convert(out, rec.out_dtype)
+        out = em.convert(em.call(aten.add.Tensor, out, bias), rec.out_dtype)
     if rec.out_shape is not None:
         out = em.reshape(out, rec.out_shape)
     return out

@@ -14,13 +14,15 @@ aten = torch.ops.aten
 
 
 @functools.cache
-def realize_int8pack_scale() -> None:
+def fix_int8pack_lowering() -> None:
     """torch 2.11-2.13: Inductor's `_weight_int8pack_mm` lowering binds `scale` without realizing it.
 
     A computed scale (e.g. `s.to(bf16)`) is still a Pointwise there and the extern call asserts
     (`unwrap_storage_for_input: AssertionError: <class 'torch._inductor.ir.Pointwise'>`). Realize it first.
+    The lowering also sets no layout constraint on the weight, so a transposed-and-cloned weight can reach
+    the kernel non-contiguous ("expect B to be contiguous"): require a contiguous weight.
     """
-    from torch._inductor import lowering
+    from torch._inductor import ir, lowering
     from torch._inductor.select_algorithm import realize_inputs
 
     op = aten._weight_int8pack_mm.default
@@ -30,7 +32,7 @@ def realize_int8pack_scale() -> None:
 
     @functools.wraps(original)
     def lowering_with_realized_scale(x, w, scale, *args, **kwargs):
-        return original(x, w, realize_inputs(scale), *args, **kwargs)
+        return original(x, ir.ExternKernel.require_contiguous(w), realize_inputs(scale), *args, **kwargs)
 
     lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
     lowering.lowerings[op] = lowering_with_realized_scale

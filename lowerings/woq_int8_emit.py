@@ -18,7 +18,7 @@ from .emit import Emitter, finish, scale_vector, weight_nk
 
 def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """aten._weight_int8pack_mm(x [M, K], w [N, K] int8, scale [N]) with scale in x's dtype."""
-    inductor_fixes.realize_int8pack_scale()
+    inductor_fixes.fix_int8pack_lowering()
     em = Emitter(graph, rec.output)
     core = em.call(
         aten._weight_int8pack_mm.default,
