@@ -1,0 +1,67 @@
+"""Packaging: one import package `qlower` from four source folders; every module imports; patterns/ is device-free."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import qlower
+import qlower.lowerings
+import qlower.passes
+import qlower.patterns
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_WORDS = re.compile(r"\b(cpu|cuda|xpu|mps|hpu|npu|mtia|privateuse\w*|sm_?\d\d|avx\w*|capability)\b", re.I)
+
+
+def all_module_names() -> list[str]:
+    names = set()
+    for pkg in (qlower, qlower.passes, qlower.patterns, qlower.lowerings):
+        names.add(pkg.__name__)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg.__name__ + "."):
+            names.add(info.name)
+    return sorted(names)
+
+
+def test_every_module_imports():
+    names = all_module_names()
+    assert {"qlower.passes.qlower_pass", "qlower.patterns.woq_int8", "qlower.lowerings.registry"} <= set(names)
+    for name in names:
+        if name == "qlower.__main__":
+            continue
+        importlib.import_module(name)
+
+
+def test_no_generic_top_level_names(tmp_path):
+    code = "import importlib.util as u; print([n for n in ('passes','patterns','lowerings') if u.find_spec(n)])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_patterns_hold_no_device_names():
+    offenders = []
+    for path in sorted((ROOT / "patterns").rglob("*.py")):
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if DEVICE_WORDS.search(line):
+                offenders.append(f"{path.name}:{lineno}: {line.strip()}")
+    assert not offenders, "device knowledge belongs in lowerings/:\n" + "\n".join(offenders)
+
+
+def test_wheel_maps_folders_into_one_package(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("qlower-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"qlower", next(t for t in tops if t.endswith(".dist-info"))}, tops
+    for must in ("qlower/passes/qlower_pass.py", "qlower/patterns/woq_int8.py", "qlower/lowerings/registry.py"):
+        assert must in names

@@ -1,0 +1,92 @@
+"""The pass as Inductor sees it: cache keys, the report, logging, options."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.utils import fresh_cache
+from woq_models import WoqLinear
+
+import qlower
+from qlower.testing import apply_pass, trace_for_inductor
+
+BF16 = torch.bfloat16
+
+
+def test_uuid_is_stable_and_depends_on_options():
+    a = qlower.inductor_options()["joint_custom_pre_pass"]
+    b = qlower.inductor_options()["joint_custom_pre_pass"]
+    c = qlower.inductor_options(kernel_preference="emulated")["joint_custom_pre_pass"]
+    assert a.uuid() and a.uuid() == b.uuid()
+    assert a.uuid() != c.uuid()
+
+
+def test_second_identical_compile_hits_fx_graph_cache_and_new_options_miss():
+    model = WoqLinear(64, 48, BF16)
+    x = torch.randn(2, 64, dtype=BF16)
+    with fresh_cache(), torch.no_grad():
+        counters.clear()
+        torch.compile(model, options=qlower.inductor_options())(x)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1
+        assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+        torch._dynamo.reset()
+        torch.compile(model, options=qlower.inductor_options())(x)
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        torch._dynamo.reset()
+        out = torch.compile(model, options=qlower.inductor_options(kernel_preference="emulated"))(x)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 2
+        assert qlower.last_report().entries[0].lowering == "dequant_mm"
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=1e-1)
+
+
+def test_report_fields_and_table():
+    gm = trace_for_inductor(WoqLinear(24, 32, BF16), torch.randn(2, 3, 24, dtype=BF16))
+    report = apply_pass(gm)
+    (d,) = report.entries
+    assert (d.family, d.device, d.shape, d.dtype) == ("woq_int8", "cpu", (6, 24, 32), "torch.bfloat16")
+    assert d.lowering == "dequant_mm" and d.kind == "EMULATED" and "K % 16" in d.reason
+    table = report.table()
+    assert "1/1 lowered" in table and "dequant_mm" in table and "6, 24, 32" in table
+
+
+def test_report_has_symbolic_m_for_dynamic_shapes():
+    gm = trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(3, 5, 64, dtype=BF16), dynamic=True)
+    (d,) = apply_pass(gm).entries
+    assert isinstance(d.shape[0], torch.SymInt) and d.shape[1:] == (64, 32)
+
+
+def test_decisions_logged_at_info(caplog):
+    caplog.set_level(logging.INFO, logger="qlower")
+    apply_pass(trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(1, 64, dtype=BF16)))
+    assert any("woq_int8" in r.message and "_weight_int8pack_mm" in r.message for r in caplog.records)
+
+
+def test_qlower_log_env_prints_decisions():
+    code = (
+        "import torch, qlower; from qlower.testing import *; import woq_models as wm;"
+        "apply_pass(trace_for_inductor(wm.WoqLinear(64, 32, torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16)))"
+    )
+    env = {**os.environ, "QLOWER_LOG": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__), timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[qlower] woq_int8 cpu" in proc.stderr
+
+
+def test_families_option():
+    gm = trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(1, 64, dtype=BF16))
+    assert len(apply_pass(gm, families=())) == 0
+    with pytest.raises(ValueError, match="unknown families"):
+        qlower.inductor_options(families=["nope"])
+
+
+def test_options_pass_through_inductor_config():
+    opts = qlower.inductor_options(freezing=True)
+    assert opts["freezing"] is True and isinstance(opts["joint_custom_pre_pass"], qlower.QLowerPass)

@@ -1,0 +1,142 @@
+"""The backend registry: in-tree devices through fake tensors, the clear error, and out-of-tree onboarding."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch._inductor.decomposition import select_decomp_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import qlower
+from qlower.lowerings import registry
+from qlower.testing import apply_pass, graph_summary
+
+BF16 = torch.bfloat16
+
+
+def woq(x, w, s):
+    return torch.nn.functional.linear(x, w.to(x.dtype)) * s
+
+
+def fake_woq_graph(device: str, m: int = 4, k: int = 64, n: int = 32, dtype=BF16) -> torch.fx.GraphModule:
+    """A woq-int8 graph whose tensors live on `device`, traced with fake tensors (no hardware needed)."""
+    with FakeTensorMode():
+        x = torch.empty(m, k, dtype=dtype, device=device)
+        w = torch.empty(n, k, dtype=torch.int8, device=device)
+        s = torch.empty(n, dtype=dtype, device=device)
+        return make_fx(woq, decomposition_table=select_decomp_table())(x, w, s)
+
+
+def test_xpu_uses_packed_kernel_for_any_m_and_k():
+    gm = fake_woq_graph("xpu", m=512, k=24)
+    report = apply_pass(gm)
+    assert report.entries[0].lowering == "aten._weight_int8pack_mm"
+    assert report.entries[0].device.startswith("xpu")
+    assert "= aten._weight_int8pack_mm(" in graph_summary(gm)
+
+
+def test_cuda_never_uses_packed_kernel():
+    for m in (1, 16, 4096):
+        gm = fake_woq_graph("cuda", m=m)
+        report = apply_pass(gm)
+        assert report.entries[0].lowering != "aten._weight_int8pack_mm", report.table()
+        assert "_weight_int8pack_mm" not in graph_summary(gm)
+
+
+def test_explicit_preference_the_device_cannot_honour_raises_clear_error():
+    gm = fake_woq_graph("cpu", m=1)
+    with pytest.raises(qlower.UnsupportedPlatformError) as err:
+        apply_pass(gm, kernel_preference=qlower.KernelPreference.TRITON)
+    msg = str(err.value)
+    for part in ("platform unsupported", "device=cpu", "family=woq_int8", "kernel_preference=TRITON"):
+        assert part in msg, msg
+    assert "Preferences that work here: AUTO, ATEN, EMULATED" in msg
+
+
+def test_explicit_aten_on_unsupported_shape_names_the_reason():
+    gm = fake_woq_graph("cpu", m=1, k=24)
+    with pytest.raises(qlower.UnsupportedPlatformError, match=r"K % 16 == 0 \(K=24\).*work here: AUTO, EMULATED"):
+        apply_pass(gm, kernel_preference=qlower.KernelPreference.ATEN)
+
+
+def test_unregistered_device_left_alone_under_auto_and_error_when_explicit():
+    saved = registry.backends()["xpu"]
+    qlower.unregister_backend("xpu")
+    try:
+        gm = fake_woq_graph("xpu")
+        report = apply_pass(gm)
+        assert report.entries[0].lowering is None
+        assert "no qlower backend registered for device type 'xpu'" in report.entries[0].reason
+        with pytest.raises(qlower.UnsupportedPlatformError, match="platform unsupported.*xpu.*EMULATED"):
+            apply_pass(fake_woq_graph("xpu"), kernel_preference="emulated")
+    finally:
+        qlower.register_backend("xpu", saved.lowerings, describe=saved.describe, replace=True)
+
+
+def _ensure_private_device(name: str) -> str:
+    """Rename PrivateUse1 (once per process) and give it the tiny device module fake tensors need."""
+    if torch._C._get_privateuse1_backend_name() == "privateuseone":
+        torch.utils.rename_privateuse1_backend(name)
+    name = torch._C._get_privateuse1_backend_name()
+    if not hasattr(torch, name):
+        mod = types.ModuleType(name)
+        mod.is_available = lambda: True
+        mod.is_initialized = lambda: True
+        mod.current_device = lambda: 0
+        mod.device_count = lambda: 1
+        mod._is_in_bad_fork = lambda: False
+        torch._register_device_module(name, mod)
+    return name
+
+
+def test_out_of_tree_backend_onboards_with_one_call():
+    """A device qlower does not ship declares a lowering with one register_backend call: chosen and reported."""
+    device = _ensure_private_device("qdev")
+    calls = []
+
+    def emit(graph, rec):
+        calls.append(rec)
+        from qlower.lowerings.woq_int8_emit import emit_int8pack_mm
+
+        return emit_int8pack_mm(graph, rec)
+
+    plugin = qlower.Lowering(
+        name="qdev.packed_woq",
+        family="woq_int8",
+        kind=qlower.KernelPreference.ATEN,
+        supports=lambda rec: None if rec.compute_dtype == BF16 else "bf16 only",
+        emit=emit,
+    )
+    qlower.register_backend(device, [plugin])
+    try:
+        gm = fake_woq_graph(device, m=8)
+        report = apply_pass(gm)
+        assert [d.lowering for d in report] == ["qdev.packed_woq"]
+        assert report.entries[0].device.startswith(device)
+        assert len(calls) == 1 and calls[0].shape == (8, 64, 32)
+        assert "qdev.packed_woq" in report.table()
+        left = apply_pass(fake_woq_graph(device, dtype=torch.float16))
+        assert left.entries[0].lowering is None and "bf16 only" in left.entries[0].reason
+    finally:
+        qlower.unregister_backend(device)
+
+
+def test_registering_existing_device_ranks_new_lowering_first():
+    first = qlower.Lowering("test.first", "woq_int8", qlower.KernelPreference.EMULATED, lambda r: None, lambda g, r: None)
+    saved = registry.backends()["cpu"]
+    try:
+        qlower.register_backend("cpu", [first])
+        names = [lw.name for lw in registry.backends()["cpu"].lowerings]
+        assert names[0] == "test.first" and "aten._weight_int8pack_mm" in names
+    finally:
+        qlower.register_backend("cpu", saved.lowerings, describe=saved.describe, replace=True)
+
+
+def test_register_backend_rejects_bad_input():
+    with pytest.raises(TypeError):
+        qlower.register_backend("cpu", ["not a lowering"])
+    with pytest.raises(ValueError):
+        qlower.register_backend("", [])
