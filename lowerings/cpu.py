@@ -14,7 +14,8 @@ import torch
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .emulated import WOQ_INT8_DEQUANT_MM
+from .dynamic_int8_emit import emit_int_mm
+from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
 from .woq_int8_emit import emit_int8pack_mm, make_emit_int8pack_by_m
@@ -24,6 +25,8 @@ PACKED_MAX_M = {torch.bfloat16: 64, torch.float16: 1, torch.float32: 1}
 
 
 def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return "K or N is symbolic (dynamic weight shape)"
     if rec.compute_dtype not in PACKED_MAX_M:
         return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
     if rec.compute_dtype == torch.bfloat16 and rec.k % 16 != 0:
@@ -72,11 +75,26 @@ WOQ_INT8_PACKED_BY_M_CPU = Lowering(
     doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
 )
 
+DYNAMIC_INT8_INT_MM_CPU = Lowering(
+    name="aten._int_mm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=lambda rec: None,  # any M, K, N (oneDNN); the prologue and rescale fuse around it
+    emit=emit_int_mm,
+    doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
+)
+
 
 def register() -> None:
     register_backend(
         "cpu",
-        [WOQ_INT8_PACKED_CPU, WOQ_INT8_PACKED_BY_M_CPU, WOQ_INT8_DEQUANT_MM],
+        [
+            WOQ_INT8_PACKED_CPU,
+            WOQ_INT8_PACKED_BY_M_CPU,
+            WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_INT_MM_CPU,
+            DYNAMIC_INT8_EMULATED,
+        ],
         describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
         replace=True,
     )

@@ -46,24 +46,36 @@ def make_emit_int8pack_by_m(max_m_packed: int):
     return emit
 
 
+def _weight_scale_for_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype):
+    """The scale shaped to multiply the stored weight: [N, 1] for [N, K], [N] for [K, N], scalar if per tensor.
+
+    Uses -1 rather than N so symbolic weight shapes work too.
+    """
+    s = rec.weight_scale
+    if s is None or isinstance(s, (int, float)):
+        return s
+    v = tensor_val(s)
+    s = em.convert(s, dtype)
+    if v is not None and v.numel() == 1:
+        return em.reshape(s, [])
+    return em.reshape(s, [-1, 1] if rec.weight_layout == "NK" else [-1])
+
+
 def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """mm(x, (w.to(s.dtype) * s).to(x.dtype)): one fused pointwise dequant feeding a float matmul.
 
-    The scale is applied to the weight (in the scale's own dtype, so fp32 scales lose nothing), which also
-    keeps the result out of reach of Inductor's own woq rewrite (it only matches `mm(...) * scale`).
+    The scale is applied to the weight (in the wider of the scale's and the activation's dtype, so fp32
+    scales lose nothing), which also keeps the result out of reach of Inductor's own woq rewrite (it only
+    matches `mm(...) * scale`).
     """
     em = Emitter(graph, rec.output)
-    w = rec.weight
-    if rec.weight_scale is None:
-        deq = em.convert(w, rec.compute_dtype)
-    else:
-        sv = tensor_val(rec.weight_scale)
-        sdtype = sv.dtype if sv is not None and sv.dtype.is_floating_point else torch.float32
-        sdtype = torch.promote_types(sdtype, rec.compute_dtype)
-        s = scale_vector(em, rec, sdtype)
-        if rec.weight_layout == "NK":
-            s = em.reshape(s, [rec.n, 1])
-        deq = em.convert(em.call(aten.mul.Tensor, em.convert(w, sdtype), s), rec.compute_dtype)
+    sv = tensor_val(rec.weight_scale)
+    sdtype = torch.promote_types(sv.dtype if sv is not None else rec.compute_dtype, rec.compute_dtype)
+    scale = _weight_scale_for_dequant(em, rec, sdtype)
+    deq = em.convert(rec.weight, sdtype)
+    if scale is not None:
+        deq = em.call(aten.mul.Tensor, deq, scale)
+    deq = em.convert(deq, rec.compute_dtype)
     w_kn = em.transpose(deq) if rec.weight_layout == "NK" else deq
     core = em.call(aten.mm.default, rec.x, w_kn)
     return finish(em, rec, core)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
 from .emulated import WOQ_INT8_DEQUANT_MM
@@ -17,6 +18,8 @@ _PACKED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _supports_packed(rec: QuantLinear) -> str | None:
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return "K or N is symbolic (dynamic weight shape)"
     if rec.compute_dtype not in _PACKED_DTYPES:
         return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
     return None

@@ -49,14 +49,15 @@ class QuantLinear:
     compute_dtype: torch.dtype  # dtype of the matmul in the matched graph
     out_dtype: torch.dtype  # dtype of `output`
     m: int | torch.SymInt
-    k: int
-    n: int
+    k: int | torch.SymInt  # static for parameters; symbolic only for weights Dynamo made dynamic
+    n: int | torch.SymInt
     output: fx.Node
     out_shape: list[Any] | None  # shape argument of the trailing view, when the result was N-D
     nodes: tuple[fx.Node, ...]  # the matched nodes; those left without users are erased
     act_quant: ActQuant | None = None
     weight_block: int | None = None  # MX: elements per shared scale along K
     form: str = ""  # which graph form matched (for reports and expect-tests)
+    details: dict[str, Any] = field(default_factory=dict)  # family-specific facts (MX: element format, scale layout)
 
     @property
     def device(self) -> torch.device:

@@ -156,12 +156,11 @@ def _match(mm: fx.Node) -> Candidate | None:
     if isinstance(path, str):
         return Rejection(reason=path, **base)
     wv = tensor_val(path.source)
-    if wv is None or wv.dim() != 2 or not all(is_static(d) for d in wv.shape):
-        return Rejection(reason="weight is not a 2-D tensor of static shape", **base)
-    # K and N come from the weight, whose shape is static even when Dynamo marks activation dims dynamic.
-    n, k = (
-        (int(wv.shape[0]), int(wv.shape[1])) if path.flips % 2 == 1 else (int(wv.shape[1]), int(wv.shape[0]))
-    )
+    if wv is None or wv.dim() != 2:
+        return Rejection(reason="weight is not a 2-D tensor", **base)
+    # K and N come from the weight: static for parameters even when Dynamo marks activation dims dynamic.
+    n, k = (wv.shape[0], wv.shape[1]) if path.flips % 2 == 1 else (wv.shape[1], wv.shape[0])
+    n, k = (int(n) if is_static(n) else n), (int(k) if is_static(k) else k)
     base["shape"] = (m, k, n)
     if xv.dtype not in FLOAT_DTYPES:
         return Rejection(reason=f"activation dtype {xv.dtype} is not bf16/fp16/fp32", **base)

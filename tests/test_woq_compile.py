@@ -132,6 +132,13 @@ def test_bf16_odd_k_never_crashes_or_miscomputes():
             with torch.no_grad():
                 assert_close_to_reference(out, model(x), model.reference(x))
             torch._dynamo.reset()
+        w, s = torch.randint(-127, 128, (40, 24), dtype=torch.int8), torch.rand(40, dtype=torch.bfloat16)
+        f = lambda x: torch.nn.functional.linear(x, w.to(x.dtype)) * s  # dynamic weight dims too
+        x = torch.randn(2, 3, 24, dtype=torch.bfloat16)
+        out = torch.compile(f, options=qlower.inductor_options(), dynamic=True)(x)
+        assert qlower.last_report().entries[0].lowering == "dequant_mm"
+        ref = x.double() @ (w.double() * s.double()[:, None]).t()
+        assert_close_to_reference(out, f(x), ref)
         print("ok")
         """
     )

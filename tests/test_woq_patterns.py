@@ -89,7 +89,7 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
         self.assertExpectedInline(
             text,
             """\
-reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [32, 1])
+reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [-1, 1])
 convert_element_type_default: bfloat16[32, 64] = prims.convert_element_type(arg0_1, bfloat16)
 mul_tensor: bfloat16[32, 64] = aten.mul.Tensor(convert_element_type_default, reshape_default)
 permute_default: bfloat16[64, 32] = aten.permute(mul_tensor, [1, 0])
@@ -117,13 +117,27 @@ reshape_default: bfloat16[s77, s27, 32] = aten.reshape(woq_int8_mm_by_m_default,
             text,
             """\
 view: bfloat16[6, 24] = aten.view(arg2_1, [6, 24])
-reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [32, 1])
+reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [-1, 1])
 convert_element_type_default: bfloat16[32, 24] = prims.convert_element_type(arg0_1, bfloat16)
 mul_tensor: bfloat16[32, 24] = aten.mul.Tensor(convert_element_type_default, reshape_default)
 permute_default: bfloat16[24, 32] = aten.permute(mul_tensor, [1, 0])
 mm_default: bfloat16[6, 32] = aten.mm(view, permute_default)
 reshape_default_1: bfloat16[2, 3, 32] = aten.reshape(mm_default, [2, 3, 32])""",
         )
+
+    def test_symbolic_weight_shape_still_rewritten_safely(self):
+        w = torch.randint(
+            -127, 128, (32, 24), dtype=torch.int8
+        )  # a global: Dynamo makes its dims dynamic too
+        s = torch.rand(32, dtype=BF16)
+
+        def f(x):
+            return torch.nn.functional.linear(x, w.to(x.dtype)) * s
+
+        text, report = lowered(f, torch.randn(2, 3, 24, dtype=BF16), dynamic=True)
+        self.assertEqual(report.entries[0].lowering, "dequant_mm")
+        self.assertIn("symbolic", report.entries[0].reason)
+        self.assertNotIn("_weight_int8pack_mm", text)
 
     def test_explicit_emulated_preference(self):
         pref = qlower.KernelPreference.EMULATED
