@@ -140,3 +140,20 @@ def test_register_backend_rejects_bad_input():
         qlower.register_backend("cpu", ["not a lowering"])
     with pytest.raises(ValueError):
         qlower.register_backend("", [])
+
+
+def test_cuda_graph_with_cpu_scalar_scale():
+    """A 0-d CPU scale may legally mix with CUDA tensors; the lowering must keep it legal."""
+
+    def f(x, w, s):
+        return torch.nn.functional.linear(x, w.to(x.dtype)) * s
+
+    with FakeTensorMode():
+        x = torch.empty(4, 64, dtype=BF16, device="cuda")
+        w = torch.empty(32, 64, dtype=torch.int8, device="cuda")
+        s = torch.empty((), dtype=BF16)
+        gm = make_fx(f, decomposition_table=select_decomp_table())(x, w, s)
+    report = apply_pass(gm)
+    assert report.entries[0].lowered and report.entries[0].device.startswith("cuda"), report.table()
+    text = graph_summary(gm)
+    assert "= aten.mm(" in text and "bfloat16[4, 32]" in text
