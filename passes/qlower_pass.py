@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference, choose, fingerprint
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
@@ -54,6 +55,7 @@ class QLowerPass(CustomGraphPass):
             for cand in FAMILIES[family](graph):
                 reporting.add(report, self._lower(graph, cand))
         graph.lint()
+        aoti_runtime.prepare_compile(graph)  # AOTInductor: call qlower's ops through C shims
 
     def _lower(self, graph: fx.Graph, cand: QuantLinear | Rejection) -> reporting.Decision:
         if isinstance(cand, Rejection):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
 from qlower.passes import QLowerPass
 from qlower.patterns import FAMILIES
@@ -29,4 +30,6 @@ def inductor_options(
         raise ValueError(
             "qlower.inductor_options: joint_custom_pre_pass is qlower's hook; chain your pass elsewhere"
         )
-    return {"joint_custom_pre_pass": QLowerPass(fams, kernel_preference), **inductor_config}
+    # AOTInductor: the pass fills these per compile with qlower's C shims (qlower/aoti/runtime.py).
+    aoti = aoti_runtime.config_entries()
+    return {"joint_custom_pre_pass": QLowerPass(fams, kernel_preference), **aoti, **inductor_config}

@@ -1,0 +1,131 @@
+"""Build qlower's native libraries on demand with torch.utils.cpp_extension, cached by content.
+
+- the shim library `libqlower_aoti_shims_<device>.so`: the generated C shims of one device. AOTInductor
+  packages link it (`aot_inductor.custom_op_libs`); it only calls the dispatcher, so it works in any process
+  where qlower's ops are registered: by qlower's Python (`import qlower`) or by the ops library below.
+- the ops library `libqlower_ops.so`: qlower's ops in C++ for processes without qlower's Python (C++
+  deployments). Its schemas are generated from the Python registrations (the one source of truth), its
+  kernels are `qlower/csrc/qlower_ops.cpp`; loading it checks each kernel against its schema.
+
+Both are built in a child process: cpp_extension loads what it builds, and the ops library must never be
+loaded next to qlower's Python registrations of the same ops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import codegen, ops
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+
+
+class BuildError(RuntimeError):
+    """The C++ compiler failed (or is missing): AOTInductor falls back to the proxy executor."""
+
+
+def cache_root() -> Path:
+    """`$QLOWER_CACHE_DIR`, else `~/.cache/qlower`; one folder per torch version below `aoti/`."""
+    base = os.environ.get("QLOWER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "qlower")
+    return Path(base) / "aoti" / f"torch-{torch.__version__}"
+
+
+@dataclass(frozen=True)
+class Library:
+    """A built shared library and how to link against it."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The `-l` name: `libqlower_x.so` -> `qlower_x`."""
+        return self.path.name.removeprefix("lib").removesuffix(".so")
+
+    def custom_op_libs_entry(self) -> str:
+        """The `aot_inductor.custom_op_libs` entry: `-l<name>` plus where to find it, now and at load time.
+
+        Inductor writes each entry as `-l<entry>` into a command line it splits with shlex, and offers no
+        library-path option, so the entry carries its own `-L` and rpath.
+        """
+        folder = shlex.quote(str(self.path.parent))
+        return f"{self.name} -L{folder} -Wl,-rpath,{folder}"
+
+
+_BUILD_SCRIPT = """
+import json, sys
+import torch.utils.cpp_extension as ce
+spec = json.loads(sys.argv[1])
+path = ce.load(name=spec["name"], sources=spec["sources"], build_directory=spec["dir"],
+               is_python_module=False, extra_cflags=["-O2"], extra_ldflags=spec["ldflags"], verbose=False)
+print(path)
+"""
+
+
+def _build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()) -> Library:
+    """Write `files` (generated sources) to a folder named by their content and build `lib<name>.so` there."""
+    digest = hashlib.sha256()
+    for fname in sorted(files):
+        digest.update(fname.encode() + b"\0" + files[fname].encode() + b"\0")
+    for src in extra_sources:
+        digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    folder = cache_root() / f"{name}-{digest.hexdigest()[:16]}"
+    lib = Library(folder / f"lib{name}.so")
+    if lib.path.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    for fname, text in files.items():
+        (folder / fname).write_text(text)
+    sources = [str(folder / f) for f in files if f.endswith(".cpp")] + [str(s) for s in extra_sources]
+    spec = {
+        "name": f"lib{name}",
+        "sources": sources,
+        "dir": str(folder),
+        # --as-needed drops libtorch_python, which cpp_extension always adds: a C++ process has no Python.
+        "ldflags": ["-Wl,--as-needed", f"-Wl,-soname,lib{name}.so"],
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD_SCRIPT, json.dumps(spec)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0 or not lib.path.exists():
+        raise BuildError(
+            f"qlower: building {lib.path.name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
+    return lib
+
+
+def shim_library(device: str) -> Library:
+    """libqlower_aoti_shims_<device>.so with the C shims of every op qlower may emit on `device`."""
+    shim_plan = codegen.plan(device, ops.ops_for_device(device))
+    files = {
+        codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
+        f"qlower_c_shim_{device}.cpp": codegen.render_source(shim_plan, "custom-ops"),
+    }
+    return _build(f"qlower_aoti_shims_{device}", files)
+
+
+def render_op_definitions() -> str:
+    """TORCH_LIBRARY(qlower) with every qlower op's schema, read back from the Python registrations."""
+    defs = "\n".join(
+        f'  m.def("{schema}");'
+        for schema in (str(op.op_overload._schema).split("::", 1)[1] for op in ops.qlower_ops())
+    )
+    return (
+        "// qlower's op schemas, generated from the Python registrations (qlower/lowerings/custom_ops.py).\n"
+        "#include <torch/library.h>\n\n"
+        f"TORCH_LIBRARY(qlower, m) {{\n{defs}\n}}\n"
+    )
+
+
+def ops_library() -> Library:
+    """libqlower_ops.so: qlower's ops defined and implemented in C++ (for processes without qlower's Python)."""
+    files = {"qlower_op_schemas.cpp": render_op_definitions()}
+    return _build("qlower_ops", files, extra_sources=tuple(sorted(CSRC.glob("*.cpp"))))
