@@ -9,6 +9,7 @@ import torch
 
 from .emulated import WOQ_INT8_DEQUANT_MM
 from .registry import register_backend
+from .triton_kernels.lowering import LOWERINGS as TRITON_LOWERINGS
 
 
 def describe(device: torch.device) -> str:
@@ -19,4 +20,4 @@ def describe(device: torch.device) -> str:
 
 
 def register() -> None:
-    register_backend("cuda", [WOQ_INT8_DEQUANT_MM], describe=describe, replace=True)
+    register_backend("cuda", [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM], describe=describe, replace=True)

@@ -1,0 +1,28 @@
+"""qlower's own Triton kernels for CUDA (woq-int8, dynamic-int8), and the lowerings that emit them.
+
+Triton is optional: importing this package imports no Triton. `triton_unavailable()` says why the kernels
+cannot be used in this process (None when they can); the kernels and their `triton_op`s live in `ops`, which
+is imported only when a lowering emits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def triton_unavailable() -> str | None:
+    """None when Triton kernels can be compiled into a graph here, else the reason."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "TRITON_INTERPRET is set: kernels would run in the interpreter, not compiled into the graph"
+    if not hasattr(torch.library, "triton_op"):
+        return f"torch {torch.__version__} has no torch.library.triton_op"
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return f"triton is not importable ({type(e).__name__}: {e})"
+    return None

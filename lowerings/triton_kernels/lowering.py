@@ -1,0 +1,189 @@
+"""The CUDA lowerings (kind TRITON) that call qlower's Triton kernels, and when they may be chosen.
+
+`supports` checks correctness first (activation dtype, int8 operands, Triton importable, capability), then
+the measured crossover in `configs`: where the kernel was slower than the next lowering, it declines and the
+registry falls through to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import fx
+
+from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
+from qlower.patterns.record import QuantLinear
+
+from ..emit import Emitter, finish
+from ..preference import KernelPreference
+from ..registry import Lowering
+from . import configs, triton_unavailable
+
+_ACT_DTYPES = (torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MIN_CAPABILITY = (8, 0)  # bf16 and int8 tensor-core dots in Triton; measured on sm_90 only
+
+
+def _platform(rec: QuantLinear) -> str | None:
+    why = triton_unavailable()
+    if why:
+        return why
+    device = rec.device
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    if not torch.cuda.is_available():
+        return "CUDA is not available in this process (capability unknown)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < MIN_CAPABILITY:
+        return f"capability {cap[0]}.{cap[1]} < {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}"
+    return None
+
+
+def _is_int8_2d(node: object) -> bool:
+    v = tensor_val(node)
+    return v is not None and v.dtype == torch.int8 and v.dim() == 2
+
+
+def _per_channel_or_tensor(node: object, n: int, what: str) -> str | None:
+    if node is None or isinstance(node, (int, float)):
+        return None
+    v = tensor_val(node)
+    if v is None or not v.dtype.is_floating_point:
+        return f"{what} is not a float tensor"
+    if not (known_eq(v.numel(), n) or known_eq(v.numel(), 1)):
+        return f"{what} has {v.numel()} elements, expected {n} or 1"
+    return None
+
+
+def _static_kn(rec: QuantLinear) -> str | None:
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return f"K={rec.k} or N={rec.n} is dynamic (configs are chosen per static K, N)"
+    if int(rec.k) == 0 or int(rec.n) == 0:
+        return "K or N is 0"
+    return None
+
+
+def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
+    if max_m is not None and is_static(rec.m) and int(rec.m) > max_m:
+        return f"M={int(rec.m)} > {max_m}: measured slower than {other} on H200"
+    return None
+
+
+def supports_woq_int8(rec: QuantLinear) -> str | None:
+    why = _platform(rec)
+    if why:
+        return why
+    if rec.compute_dtype not in _ACT_DTYPES:
+        return f"activation dtype {rec.compute_dtype} (the kernel takes bf16/fp16)"
+    xv = tensor_val(rec.x)
+    if xv is None or xv.dtype != rec.compute_dtype or xv.dim() != 2:
+        return "x is not a 2-D tensor of the compute dtype"
+    if not _is_int8_2d(rec.weight):
+        return "weight is not a 2-D int8 tensor"
+    why = _static_kn(rec)
+    if why:
+        return why
+    return _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale") or _crossover(
+        rec, configs.WOQ_INT8_MAX_M, "dequant + mm"
+    )
+
+
+def supports_dynamic_int8(rec: QuantLinear) -> str | None:
+    why = _platform(rec)
+    if why:
+        return why
+    aq = rec.act_quant
+    if aq is None or aq.scheme != "per_token_symmetric":
+        return "no per-token int8 activation quantization in the record"
+    if not _is_int8_2d(aq.x_q) or not _is_int8_2d(rec.weight):
+        return "x_q or weight is not a 2-D int8 tensor"
+    if rec.out_dtype not in _OUT_DTYPES:
+        return f"output dtype {rec.out_dtype}"
+    why = _static_kn(rec)
+    if why:
+        return why
+    return (
+        _per_channel_or_tensor(aq.x_scale, rec.m, "activation scale")
+        or _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale")
+        or _crossover(rec, configs.DYNAMIC_INT8_MAX_M, "the next CUDA lowering")
+    )
+
+
+def _weight_nk_view(em: Emitter, rec: QuantLinear) -> fx.Node:
+    """[N, K] as a view: a stored [K, N] weight is read through its strides, never copied."""
+    return rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
+
+
+def _scale_tensor(em: Emitter, rec: QuantLinear) -> fx.Node:
+    s = rec.weight_scale
+    if isinstance(s, fx.Node):
+        return s
+    value = 1.0 if s is None else float(s)
+    return em.call(
+        torch.ops.aten.full.default, [1], value, dtype=torch.float32, device=rec.device, pin_memory=False
+    )
+
+
+def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
+    v = tensor_val(rec.bias)
+    return rec.bias if v is not None and known_eq(v.numel(), rec.n) else None
+
+
+def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    from . import ops  # noqa: F401  (registers the triton_ops; imports Triton)
+    from .inline import emit_traced
+
+    em = Emitter(graph, rec.output)
+    bias = _fusable_bias(rec)
+    tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), _scale_tensor(em, rec)]
+    tensors += [bias] if bias is not None else []
+
+    def call(
+        x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return torch.ops.qlower.woq_int8_linear(x, w, s, b)
+
+    core = emit_traced(em, call, tensors)
+    return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
+
+
+def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    from . import ops  # noqa: F401
+    from .inline import emit_traced
+
+    assert rec.act_quant is not None
+    em = Emitter(graph, rec.output)
+    bias = _fusable_bias(rec)
+    out_dtype = rec.out_dtype
+    tensors = [em.contiguous(rec.act_quant.x_q), rec.act_quant.x_scale, _weight_nk_view(em, rec)]
+    tensors += [_scale_tensor(em, rec)] + ([bias] if bias is not None else [])
+
+    def call(
+        xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
+    ):
+        return torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, b, out_dtype)
+
+    core = emit_traced(em, call, tensors)
+    return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
+
+
+WOQ_INT8_TRITON = Lowering(
+    name="triton.woq_int8_linear",
+    family="woq_int8",
+    kind=KernelPreference.TRITON,
+    supports=supports_woq_int8,
+    emit=emit_woq_int8,
+    doc="qlower Triton kernel: int8 weight converted in the main loop (GEMV at tiny M, tensor cores above)",
+)
+
+DYNAMIC_INT8_TRITON = Lowering(
+    name="triton.int8_dynamic_linear",
+    family="dynamic_int8",
+    kind=KernelPreference.TRITON,
+    supports=supports_dynamic_int8,
+    emit=emit_dynamic_int8,
+    doc="qlower Triton kernel: int8 x int8 tensor-core matmul, x_scale * w_scale and bias in the epilogue",
+)
+
+LOWERINGS: tuple[Lowering, ...] = (WOQ_INT8_TRITON, DYNAMIC_INT8_TRITON)

@@ -1,0 +1,141 @@
+"""qlower's Triton kernels as `torch.library.triton_op`s.
+
+A triton_op is traceable: under functionalization it decomposes into `triton_kernel_wrapper_functional`
+nodes, which Inductor compiles into the generated code (torch.compile) or the .so (AOTInductor): no Python
+and no proxy executor at run time. In eager mode the same function launches the kernels directly.
+
+Not using `from __future__ import annotations`: `triton_op` infers the schema from the live annotations.
+"""
+
+from typing import Any
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from . import configs
+from .configs import KernelConfig
+from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
+
+
+def _cdiv(a: Any, b: int) -> Any:
+    return (a + b - 1) // b
+
+
+def _is_static(x: Any) -> bool:
+    return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
+
+
+def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A 1-D view and its stride: 0 for a per-tensor value, so the kernel reads one element for all."""
+    v = t.reshape(-1)
+    return v, (0 if v.numel() == 1 else v.stride(0))
+
+
+def _launch(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    gate: Any,
+) -> None:
+    """One kernel launch; `gate` (1, 0, or a 0/1 SymInt) multiplies the grid so a dynamic-M branch can be off."""
+    m = a.shape[0]
+    n, k = w.shape  # static (supports() requires it); a's K equals it
+    ws1, s_ws = _flat(ws)
+    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
+    even_k = k % cfg.block_k == 0
+    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.kernel == "gemv":
+        grid = (_cdiv(n, cfg.block_n) * gate, _cdiv(m, cfg.block_m), cfg.split_k)
+        wrap_triton(woq_int8_gemv_kernel)[grid](
+            a, w, ws1, b1, out, m, n, k,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+        )  # fmt: skip
+        return
+    xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
+    grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * gate, cfg.split_k, 1)
+    wrap_triton(qlinear_mm_kernel)[grid](
+        a, w, ws1, xs1, b1, out, m, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
+        INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
+        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
+    )  # fmt: skip
+
+
+def _run(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    static_cfg: Any,
+    dynamic_cfgs: Any,
+) -> torch.Tensor:
+    """Static M: the table's config for M. Dynamic M: skinny kernel for M <= split, tiled above (gated grids)."""
+    m = a.shape[0]
+    n, k = w.shape
+    if _is_static(m):
+        launches = [(static_cfg(int(m), k, n), 1)]
+    else:
+        split, small, large = dynamic_cfgs(k, n)
+        on_small = torch.sym_max(0, torch.sym_min(1, split + 1 - m))  # 1 iff m <= split, without a guard
+        launches = [(small, on_small), (large, 1 - on_small)]
+    if any(cfg.split_k > 1 for cfg, _ in launches):
+        acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        for cfg, gate in launches:
+            _launch(cfg, a, w, ws, xs, bias, acc, gate)
+        return acc.to(out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    for cfg, gate in launches:
+        _launch(cfg, a, w, ws, xs, bias, out, gate)
+    return out
+
+
+@triton_op("qlower::woq_int8_linear", mutates_args=())
+def woq_int8_linear(
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype."""
+    return _run(x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.woq_int8_dynamic_configs)
+
+
+@triton_op("qlower::int8_dynamic_linear", mutates_args=())
+def int8_dynamic_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """(x_q [M, K] int8 @ w [N, K].T int8 -> int32) * x_scale [M] * w_scale [N] + bias -> [M, N] out_dtype."""
+    return _run(
+        x_q,
+        w,
+        w_scale,
+        x_scale,
+        bias,
+        out_dtype,
+        configs.dynamic_int8_config,
+        configs.dynamic_int8_dynamic_configs,
+    )
+
+
+def launch_config(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Eager launch with an explicit config (tuning sweeps and kernel tests)."""
+    return _run(a, w, ws, xs, bias, out_dtype or a.dtype, lambda *_: cfg, None)
