@@ -94,10 +94,13 @@ def supports_dynamic_int8(rec: QuantLinear) -> str | None:
     if why:
         return why
     aq = rec.act_quant
-    if aq is None or aq.scheme != "per_token_symmetric":
-        return "no per-token int8 activation quantization in the record"
-    if not _is_int8_2d(aq.x_q) or not _is_int8_2d(rec.weight):
-        return "x_q or weight is not a 2-D int8 tensor"
+    if aq is None or aq.scheme not in ("per_token_symmetric", "per_tensor_symmetric"):
+        return f"activation quantization {aq.scheme if aq else None} (the kernel takes symmetric int8)"
+    if aq.details.get("weight_zero_point") is not None:
+        return "weight has a zero point"
+    xqv = tensor_val(aq.x_q)
+    if xqv is None or xqv.dtype != torch.int8 or not _is_int8_2d(rec.weight):
+        return "x_q or weight is not an int8 tensor"
     if rec.out_dtype not in _OUT_DTYPES:
         return f"output dtype {rec.out_dtype}"
     why = _static_kn(rec)
@@ -115,14 +118,17 @@ def _weight_nk_view(em: Emitter, rec: QuantLinear) -> fx.Node:
     return rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
 
 
+def _full(em: Emitter, rec: QuantLinear, value: float | None) -> fx.Node:
+    """A per-tensor scale given as a Python number (or absent: 1) as a 1-element fp32 tensor."""
+    v = 1.0 if value is None else float(value)
+    return em.call(
+        torch.ops.aten.full.default, [1], v, dtype=torch.float32, device=rec.device, pin_memory=False
+    )
+
+
 def _scale_tensor(em: Emitter, rec: QuantLinear) -> fx.Node:
     s = rec.weight_scale
-    if isinstance(s, fx.Node):
-        return s
-    value = 1.0 if s is None else float(s)
-    return em.call(
-        torch.ops.aten.full.default, [1], value, dtype=torch.float32, device=rec.device, pin_memory=False
-    )
+    return s if isinstance(s, fx.Node) else _full(em, rec, s)
 
 
 def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
@@ -156,8 +162,11 @@ def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     em = Emitter(graph, rec.output)
     bias = _fusable_bias(rec)
     out_dtype = rec.out_dtype
-    tensors = [em.contiguous(rec.act_quant.x_q), rec.act_quant.x_scale, _weight_nk_view(em, rec)]
-    tensors += [_scale_tensor(em, rec)] + ([bias] if bias is not None else [])
+    aq = rec.act_quant
+    x_q = aq.x_q if tensor_val(aq.x_q).dim() == 2 else em.reshape(aq.x_q, [-1, int(rec.k)])
+    x_scale = aq.x_scale if isinstance(aq.x_scale, fx.Node) else _full(em, rec, aq.x_scale)
+    tensors = [em.contiguous(x_q), x_scale, _weight_nk_view(em, rec), _scale_tensor(em, rec)]
+    tensors += [bias] if bias is not None else []
 
     def call(
         xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
