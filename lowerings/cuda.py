@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import torch
 
+from .capability import cuda_capability, override_cuda_capability  # noqa: F401  (MX capability rules)
 from .emulated import WOQ_INT8_DEQUANT_MM
+from .mx_lowerings import MX_EMULATED, MX_SCALED_MM
 from .registry import register_backend
 from .triton_kernels.lowering import LOWERINGS as TRITON_LOWERINGS
+from .triton_kernels.mx_lowering import MX_TRITON
 
 
 def describe(device: torch.device) -> str:
@@ -20,4 +23,9 @@ def describe(device: torch.device) -> str:
 
 
 def register() -> None:
-    register_backend("cuda", [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM], describe=describe, replace=True)
+    register_backend(
+        "cuda",
+        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED],
+        describe=describe,
+        replace=True,
+    )

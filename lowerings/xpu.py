@@ -10,6 +10,7 @@ from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
 from .emulated import WOQ_INT8_DEQUANT_MM
+from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
 from .woq_int8_emit import emit_int8pack_mm
@@ -36,4 +37,4 @@ WOQ_INT8_PACKED_XPU = Lowering(
 
 
 def register() -> None:
-    register_backend("xpu", [WOQ_INT8_PACKED_XPU, WOQ_INT8_DEQUANT_MM], replace=True)
+    register_backend("xpu", [WOQ_INT8_PACKED_XPU, WOQ_INT8_DEQUANT_MM, MX_EMULATED], replace=True)
