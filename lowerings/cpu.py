@@ -16,6 +16,7 @@ from qlower.patterns.record import QuantLinear
 
 from .dynamic_int8_emit import emit_int_mm
 from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
+from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
 from .woq_int8_emit import emit_int8pack_mm, make_emit_int8pack_by_m
@@ -94,6 +95,7 @@ def register() -> None:
             WOQ_INT8_DEQUANT_MM,
             DYNAMIC_INT8_INT_MM_CPU,
             DYNAMIC_INT8_EMULATED,
+            MX_EMULATED,
         ],
         describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
         replace=True,

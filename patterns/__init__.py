@@ -6,13 +6,14 @@ from collections.abc import Callable
 
 from torch import fx
 
-from . import woq_int8
+from . import mx, woq_int8
 from .record import ActQuant, Candidate, QuantLinear, Rejection
 
 FamilyFinder = Callable[[fx.Graph], "list[Candidate]"]
 
 FAMILIES: dict[str, FamilyFinder] = {
     woq_int8.FAMILY: woq_int8.find,
+    mx.FAMILY: mx.find,
 }
 
 __all__ = ["FAMILIES", "ActQuant", "Candidate", "QuantLinear", "Rejection"]
