@@ -28,6 +28,9 @@ class Lowering:
 
     `supports(record)` returns None when the lowering is correct (and sensible) for the record, else a short
     reason; `emit(graph, record)` inserts the kernel call and returns the node that replaces `record.output`.
+    `emits` names the aten ops ("aten::_scaled_mm_v2") the emitted graph leaves to Inductor as extern
+    kernels: AOTInductor needs a C shim for each, and `python -m qlower shims` generates those the installed
+    torch lacks (qlower's own ops are always shimmed).
     """
 
     name: str
@@ -36,6 +39,7 @@ class Lowering:
     supports: SupportsFn
     emit: EmitFn
     doc: str = ""
+    emits: tuple[str, ...] = ()
 
 
 def _no_description(device: torch.device) -> str:

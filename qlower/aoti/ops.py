@@ -90,10 +90,17 @@ def op_from_name(qualified: str) -> ShimOp:
 
 
 def qlower_ops() -> list[ShimOp]:
-    """All of qlower's own operators currently registered (importing qlower registers them)."""
+    """qlower's own operators currently registered (importing qlower registers them), except triton_ops:
+    qlower emits those already decomposed into Triton kernel calls, which Inductor compiles into the package."""
+    from torch._library.triton import triton_ops_to_kernels
+
     import qlower  # noqa: F401  (registers the lowerings and their custom ops)
 
-    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("qlower::"))
+    names = sorted(
+        n
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("qlower::") and n.split(".")[0] not in triton_ops_to_kernels
+    )
     return [op_from_name(n) for n in names]
 
 
@@ -128,7 +135,7 @@ def lowering_emits(device: str) -> list[str]:
         return []
     seen: dict[str, None] = {}
     for lowering in backend.lowerings:
-        for name in getattr(lowering, "emits", ()):
+        for name in lowering.emits:
             seen.setdefault(name, None)
     return list(seen)
 

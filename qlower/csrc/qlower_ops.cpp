@@ -34,9 +34,15 @@ at::Tensor int8_mm_min_m(const at::Tensor& x, const at::Tensor& w_nk, int64_t mi
   return at::_int_mm(padded, w_nk.t()).slice(0, 0, m);
 }
 
+// The bytes of an 8-bit tensor of a dtype generated code cannot name (fp4x2, e8m0), as uint8.
+at::Tensor mx_bytes(const at::Tensor& t) {
+  return t.view(at::kByte).clone();
+}
+
 }  // namespace qlower
 
 TORCH_LIBRARY_IMPL(qlower, CompositeExplicitAutograd, m) {
   m.impl("woq_int8_mm_by_m", TORCH_FN(qlower::woq_int8_mm_by_m));
   m.impl("int8_mm_min_m", TORCH_FN(qlower::int8_mm_min_m));
+  m.impl("mx_bytes", TORCH_FN(qlower::mx_bytes));
 }

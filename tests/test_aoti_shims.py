@@ -1,0 +1,198 @@
+"""C shim generation without XPU hardware: expect-tests of the XPU declarations, the `_scaled_mm_v2` symbol
+trap, clash checks, the ABI lock, the CLI's two file layouts, and the XPU source compiling against the CPU
+wheel's headers (which have no XPU dispatch headers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import expecttest
+import pytest
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+from qlower.aoti import abi_lock, build, codegen, ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def declarations(device: str, extra: tuple[str, ...] = ()) -> str:
+    shim_plan = codegen.plan(device, ops.ops_for_device(device, extra))
+    return "\n".join(s.declaration for s in shim_plan.shims)
+
+
+class TestXpuDeclarations(expecttest.TestCase):
+    def test_in_tree_xpu_shims(self):
+        # qlower's own ops (device-generic); the aten ops xpu's lowerings emit are all shimmed by torch.
+        self.assertExpectedInline(
+            declarations("xpu"),
+            """\
+AOTITorchError aoti_torch_xpu_int8_mm_min_m(AtenTensorHandle x, AtenTensorHandle w_nk, int64_t min_m, AtenTensorHandle* ret0)
+AOTITorchError aoti_torch_xpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)
+AOTITorchError aoti_torch_xpu_woq_int8_mm_by_m(AtenTensorHandle x, AtenTensorHandle w_nk, AtenTensorHandle scale, int64_t max_m_packed, AtenTensorHandle* ret0)""",
+        )
+
+    def test_scaled_mm_v2_is_shimmed_as_its_out_overload(self):
+        # `aoti_torch_xpu__scaled_mm_v2` is what versioning `_scaled_mm` to v2 yields: never generated.
+        text = declarations("xpu", ("aten::_scaled_mm_v2",))
+        self.assertNotIn("aoti_torch_xpu__scaled_mm_v2(", text)
+        self.assertExpectedInline(
+            text.splitlines()[0],
+            """AOTITorchError aoti_torch_xpu__scaled_mm_v2_out(AtenTensorHandle out, AtenTensorHandle self, AtenTensorHandle mat2, const AtenTensorHandle* scale_a, int64_t scale_a_len_, const int64_t* recipe_a, int64_t recipe_a_len_, const int64_t* swizzle_a, int64_t swizzle_a_len_, const AtenTensorHandle* scale_b, int64_t scale_b_len_, const int64_t* recipe_b, int64_t recipe_b_len_, const int64_t* swizzle_b, int64_t swizzle_b_len_, AtenTensorHandle* bias, int32_t* out_dtype, const int64_t* contraction_dim, int64_t contraction_dim_len_, int32_t use_fast_accum)""",
+        )
+
+
+def test_ambiguous_names():
+    assert codegen.ambiguous_with(ops.aten_op("_scaled_mm_v2")) == "_scaled_mm"
+    assert codegen.ambiguous_with(ops.aten_op("_scaled_mm_v2", "out")) is None
+    assert codegen.ambiguous_with(ops.aten_op("_scaled_mm")) is None
+
+
+def test_torch_shimmed_aten_ops_are_not_shimmed_again():
+    assert ops.torch_shims("xpu", ops.aten_op("_weight_int8pack_mm"))
+    assert not ops.torch_shims("xpu", ops.aten_op("_scaled_mm_v2", "out"))
+    names = [op.qualified for op in ops.ops_for_device("xpu", ("aten::_weight_int8pack_mm",))]
+    assert "aten::_weight_int8pack_mm" not in names
+    with pytest.raises(codegen.ShimError, match="already declared by torch's c_shim_xpu.h"):
+        codegen.plan("xpu", [ops.aten_op("_weight_int8pack_mm")])
+
+
+@torch.library.custom_op("qlower_test_a::mm", mutates_args=())
+def _named_like_aten(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("qlower_test_a::twice", mutates_args=())
+def _twice_a(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@torch.library.custom_op("qlower_test_b::twice", mutates_args=())
+def _twice_b(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+def test_custom_op_named_like_an_aten_op_is_refused():
+    # Inductor calls custom ops' shims without their namespace: this one would call aoti_torch_xpu_mm.
+    with pytest.raises(codegen.ShimError, match="aten op's name"):
+        codegen.plan("xpu", [ops.op_from_name("qlower_test_a::mm")])
+
+
+def test_two_ops_with_one_symbol_are_refused():
+    with pytest.raises(codegen.ShimError, match="would both define aoti_torch_xpu_twice"):
+        codegen.plan(
+            "xpu", [ops.op_from_name("qlower_test_a::twice"), ops.op_from_name("qlower_test_b::twice")]
+        )
+
+
+def test_abi_lock_is_intact():
+    problems = abi_lock.check(abi_lock.generate(), abi_lock.read())
+    assert not problems, "\n".join(problems)
+
+
+def test_abi_lock_catches_a_changed_declaration_and_accepts_a_new_version(tmp_path):
+    lock = tmp_path / "abi.lock"
+    current = {
+        "xpu qlower::op v1": "AOTITorchError aoti_torch_xpu_op(AtenTensorHandle x, AtenTensorHandle* ret0)",
+    }
+    assert abi_lock.update(current, lock) == ["xpu qlower::op v1"]
+    assert abi_lock.check(current, abi_lock.read(lock)) == []
+
+    changed = {
+        "xpu qlower::op v1": "AOTITorchError aoti_torch_xpu_op(AtenTensorHandle x, int64_t k, AtenTensorHandle* ret0)"
+    }
+    (problem,) = abi_lock.check(changed, abi_lock.read(lock))
+    assert problem.startswith("changed: xpu qlower::op v1") and "_vN" in problem
+    with pytest.raises(ValueError, match="cannot take these changes"):
+        abi_lock.update(changed, lock)
+    (problem,) = abi_lock.check({}, abi_lock.read(lock), ["xpu"])
+    assert problem.startswith("removed: xpu qlower::op v1")
+
+    # The new signature as a new op `op_v2`, the old one kept: the lock grows by one line.
+    versioned = {
+        **current,
+        "xpu qlower::op_v2 v1": "AOTITorchError aoti_torch_xpu_op_v2(AtenTensorHandle x, int64_t k, AtenTensorHandle* ret0)",
+    }
+    assert abi_lock.check(versioned, abi_lock.read(lock))[0].startswith("not locked: xpu qlower::op_v2 v1")
+    assert abi_lock.update(versioned, lock) == ["xpu qlower::op_v2 v1"]
+    assert abi_lock.read(lock) == versioned
+
+
+def test_abi_lock_catches_a_symbol_clash():
+    locked = {"xpu aten::_scaled_mm v2": "AOTITorchError aoti_torch_xpu__scaled_mm_v2(AtenTensorHandle self)"}
+    clashing = {
+        "xpu aten::_scaled_mm_v2 v1": "AOTITorchError aoti_torch_xpu__scaled_mm_v2(AtenTensorHandle a)"
+    }
+    problems = abi_lock.check({**locked, **clashing}, locked)
+    assert any(p.startswith("clash:") and "aoti_torch_xpu__scaled_mm_v2" in p for p in problems), problems
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, Path]:
+    """`python -m qlower shims` for xpu in both layouts (custom-ops with `_scaled_mm_v2`, and extend)."""
+    outs = {}
+    for form in codegen.FORMS:
+        out = tmp_path_factory.mktemp(form)
+        cmd = [sys.executable, "-m", "qlower", "shims", "--device", "xpu", "--out", str(out), "--form", form]
+        cmd += ["--op", "aten::_scaled_mm_v2"] if form == "custom-ops" else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[form] = out
+    return outs
+
+
+def test_cli_custom_ops_layout(written):
+    out = written["custom-ops"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "custom_ops_to_c_shims_xpu.json",
+        "qlower_c_shim_xpu.cpp",
+        "qlower_c_shim_xpu.h",
+    ]
+    table = json.loads((out / "custom_ops_to_c_shims_xpu.json").read_text())
+    header = (out / "qlower_c_shim_xpu.h").read_text()
+    assert set(table) == {op.qualified for op in ops.qlower_ops()}  # aten ops are not custom ops
+    for (decl,) in table.values():
+        assert f"AOTI_TORCH_EXPORT {decl};" in header
+    assert "AOTI_TORCH_EXPORT AOTITorchError aoti_torch_xpu__scaled_mm_v2_out(" in header
+
+
+def test_cli_extend_layout(written):
+    out = written["extend"]
+    header = out / "torch/csrc/inductor/aoti_torch/generated/extend/c_shim_xpu.h"
+    source = (out / "c_shim_xpu.cpp").read_text()
+    assert header.exists()
+    assert "#include <torch/csrc/inductor/aoti_torch/generated/extend/c_shim_xpu.h>" in source
+
+
+def test_xpu_sources_compile_against_the_cpu_wheel(written):
+    include = Path(torch.__file__).parent / "include" / "ATen" / "ops"
+    assert not list(include.glob("*_xpu_dispatch.h")), "the wheel ships XPU dispatch headers after all"
+    flags = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    for form, out in written.items():
+        source = next(out.glob("*.cpp"))
+        assert "xpu_dispatch" not in source.read_text() and "at::xpu::" not in source.read_text()
+        cmd = ["c++", "-std=c++20", "-fsyntax-only", *flags, f"-I{out}", str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, f"{form}: {proc.stderr[-3000:]}"
+
+
+def test_cpu_library_is_built_from_the_cli_output(tmp_path):
+    """The library AOTInductor links on cpu (tests/test_aoti_export.py) is compiled from exactly these files."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "qlower", "shims", "--device", "cpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lib = build.shim_library("cpu")
+    for name in ("qlower_c_shim_cpu.h", "qlower_c_shim_cpu.cpp"):
+        assert (lib.path.parent / name).read_text() == (tmp_path / name).read_text()
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True, text=True)
+    table = json.loads((tmp_path / "custom_ops_to_c_shims_cpu.json").read_text())
+    for (decl,) in table.values():
+        assert f" T {decl.split('(')[0].split()[-1]}\n" in exported.stdout
