@@ -12,6 +12,7 @@ from .emulated import WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED, MX_SCALED_MM
 from .registry import register_backend
 from .triton_kernels.lowering import LOWERINGS as TRITON_LOWERINGS
+from .triton_kernels.lowering import LOWERINGS_LAST as TRITON_LAST
 from .triton_kernels.mx_lowering import MX_TRITON
 
 
@@ -25,7 +26,7 @@ def describe(device: torch.device) -> str:
 def register() -> None:
     register_backend(
         "cuda",
-        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED],
+        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED, *TRITON_LAST],
         describe=describe,
         replace=True,
     )

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -119,7 +118,8 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
     if m <= 2:
         return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=False),
                 gemv(1, 16, 1024, warps=8), gemv(1, 32, 512, warps=8), gemv(1, 16, 512, split_k=2),
-                mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 256, 4, 4, swap=True)]  # fmt: skip
+                mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 256, 4, 4, swap=True), mm(16, 64, 256, 4, 4),
+                mm(16, 64, 512, 4, 3), mm(16, 32, 512, 4, 4), mm(16, 128, 256, 4, 4)]  # fmt: skip
     if m <= 8:
         return [gemv(4, 16, 128), gemv(4, 8, 256), mm(16, 64, 256, 4, 4, swap=True),
                 mm(16, 32, 256, 4, 4, swap=True), mm(16, 64, 128, 4, 5, swap=True),
@@ -128,7 +128,8 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
         return [mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 256, 4, 4, swap=True),
                 mm(16, 128, 128, 4, 4, swap=True), mm(16, 64, 128, 4, 5, swap=True),
                 mm(16, 64, 256, 4, 4, swap=True, fast=False), mm(16, 64, 256, 4, 4, swap=True, split_k=2),
-                mm(16, 64, 256, 4, 4)]  # fmt: skip
+                mm(16, 64, 256, 4, 4), mm(16, 64, 512, 4, 3), mm(16, 32, 512, 4, 4), mm(16, 128, 256, 4, 4),
+                mm(16, 64, 256, 4, 4, fast=False)]  # fmt: skip
     if m <= 64:
         return [mm(64, 64, 128, 4, 4), mm(64, 128, 128, 4, 4), mm(64, 64, 256, 4, 4, swap=True),
                 mm(64, 128, 128, 4, 4, swap=True), mm(32, 64, 256, 4, 4, swap=True), mm(64, 128, 64, 4, 4)]  # fmt: skip
@@ -156,13 +157,13 @@ def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
             mm(128, 256, 64, 8, 4), mm(128, 128, 256, 8, 3), mm(128, 256, 128, 8, 3, swap=True)]  # fmt: skip
 
 
-def sweep(results: dict[str, Any], deadline: float) -> None:
+def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: list[int]) -> None:
     from qlower.lowerings.triton_kernels import configs, ops
 
-    for family in ("woq_int8", "dynamic_int8"):
+    for family in families:
         table = configs.WOQ_INT8_TABLE if family == "woq_int8" else configs.DYNAMIC_INT8_TABLE
         for k, n in SHAPES_KN:
-            for m in SWEEP_M:
+            for m in ms:
                 if time.time() > deadline:
                     log("sweep: out of time budget, stopping")
                     return
@@ -172,6 +173,10 @@ def sweep(results: dict[str, Any], deadline: float) -> None:
                     ref, cands = dyn_ref(p), dyn_candidates(m, k, n)
                 else:
                     ref, cands = woq_ref(p), woq_candidates(m, k, n)
+                current = (configs.woq_int8_config if family == "woq_int8" else configs.dynamic_int8_config)(
+                    m, k, n
+                )
+                cands = [current] + [c for c in cands if c != current]
                 rows = []
                 for cfg in cands:
                     try:
@@ -246,61 +251,74 @@ def first_call_code(fn: Callable, p: dict[str, Any]) -> tuple[torch.Tensor, str]
     return out, "\n".join(codes)
 
 
-def compiled(results: dict[str, Any], deadline: float) -> None:
+Points = list[tuple[str, int, int, list[int]]]
+
+
+def parse_points(text: str) -> Points:
+    """'woq_int8:4096x14336:1,16,4096;dynamic_int8:...' -> [(family, K, N, [M...])]."""
+    out = []
+    for part in filter(None, text.split(";")):
+        family, kn, ms = part.split(":")
+        k, n = (int(v) for v in kn.split("x"))
+        out.append((family, k, n, [int(m) for m in ms.split(",")]))
+    return out
+
+
+DEFAULT_POINTS = ";".join(
+    f"{f}:{k}x{n}:{','.join(map(str, COMPILED_M))}"
+    for f in ("woq_int8", "dynamic_int8")
+    for k, n in SHAPES_KN
+)
+
+
+def compiled(results: dict[str, Any], deadline: float, points: Points, dynamic_m: bool) -> None:
     import qlower
 
     dyn_family = "dynamic_int8" in qlower.FAMILIES
-    for family in ("woq_int8", "dynamic_int8"):
+    for family, k, n, ms in points:
         model = woq_model if family == "woq_int8" else dyn_model
         qmodel = model if (family == "woq_int8" or dyn_family) else dyn_direct
         refn = woq_ref if family == "woq_int8" else dyn_ref
-        for k, n in SHAPES_KN:
-            rows = []
-            for m in COMPILED_M:
-                if time.time() > deadline:
-                    log("compiled: out of time budget, stopping")
-                    return
-                p = woq_problem(m, k, n)
-                row: dict[str, Any] = {"family": family, "m": m, "k": k, "n": n}
-                wb = [(w.to(torch.bfloat16) * s[:, None]) for w, s in zip(p["w"], p["s"], strict=True)]
-                row["bf16_us"] = gpu_time_us(
-                    [(lambda i=i, p=p, wb=wb: F.linear(p["x"], wb[i])) for i in range(N_WEIGHTS)]
-                )
-                del wb
-                ref = refn(p)
-                try:
-                    f = compiled_fn(model, False, False)
-                    row["stock_err"] = rel_err(f(p["x"], p["w"][0], p["s"][0]), ref)
-                    row["stock_us"] = time_fn(f, p)
-                except Exception as e:
-                    row["stock_us"], row["stock_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
-                try:
-                    qlower.clear_reports()
-                    f = compiled_fn(qmodel, True, False)
-                    out, code = first_call_code(f, p)
-                    rep = qlower.last_report()
-                    row["qlower_lowering"] = (
-                        ",".join(str(d.lowering) for d in rep.decisions)
-                        if (rep and rep.decisions)
-                        else "direct op"
-                    )
-                    row["qlower_calls_kernel"] = ("qlinear_mm_kernel" in code) or (
-                        "woq_int8_gemv_kernel" in code
-                    )
-                    row["qlower_python_fallback"] = "torch.ops.qlower." in code
-                    row["qlower_err"] = rel_err(out, ref)
-                    row["qlower_us"] = time_fn(f, p)
-                except Exception as e:
-                    row["qlower_us"], row["qlower_error"] = None, f"{type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc()
-                rows.append(row)
-                del p
-            # one dynamic-M compile per (K, N), first called at M=4 (Dynamo specializes size 1), reused for all M
+        rows = []
+        for m in ms:
+            if time.time() > deadline:
+                log("compiled: out of time budget, stopping")
+                break
+            p = woq_problem(m, k, n)
+            row: dict[str, Any] = {"family": family, "m": m, "k": k, "n": n}
+            wb = [(w.to(torch.bfloat16) * s[:, None]) for w, s in zip(p["w"], p["s"], strict=True)]
+            row["bf16_us"] = gpu_time_us(
+                [(lambda i=i, p=p, wb=wb: F.linear(p["x"], wb[i])) for i in range(N_WEIGHTS)]
+            )
+            del wb
+            ref = refn(p)
+            try:
+                f = compiled_fn(model, False, False)
+                row["stock_err"] = rel_err(f(p["x"], p["w"][0], p["s"][0]), ref)
+                row["stock_us"] = time_fn(f, p)
+            except Exception as e:
+                row["stock_us"], row["stock_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
+            try:
+                qlower.clear_reports()
+                f = compiled_fn(qmodel, True, False)
+                out, code = first_call_code(f, p)
+                rep = qlower.last_report()
+                row["qlower_lowering"] = ",".join(str(d.lowering) for d in rep) if rep else "direct op"
+                row["qlower_calls_kernel"] = ("qlinear_mm_kernel" in code) or ("woq_int8_gemv_kernel" in code)
+                row["qlower_python_fallback"] = "torch.ops.qlower." in code
+                row["qlower_err"] = rel_err(out, ref)
+                row["qlower_us"] = time_fn(f, p)
+            except Exception as e:
+                row["qlower_us"], row["qlower_error"] = None, f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+            rows.append(row)
+            log(fmt_row(row))
+            del p
+        if dynamic_m and time.time() < deadline:
+            # one dynamic-M compile (explicit TRITON preference: AUTO declines dynamic M), first called at M > 1
             torch._dynamo.reset()
-            dyn_q = compiled_fn(qmodel, True, None)
+            dyn_q = torch.compile(qmodel, options=qlower.inductor_options(kernel_preference="triton"))
             for row in sorted(rows, key=lambda r: (r["m"] == 1, r["m"])):
-                if time.time() > deadline:
-                    break
                 p = woq_problem(row["m"], k, n)
                 try:
                     if row["m"] > 1:
@@ -313,11 +331,9 @@ def compiled(results: dict[str, Any], deadline: float) -> None:
                         f"{type(e).__name__}: {str(e)[:300]}",
                     )
                 del p
-            for row in rows:
-                results.setdefault("compiled", []).append(row)
-                log(fmt_row(row))
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
+        results.setdefault("compiled", []).extend(rows)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -373,6 +389,10 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--compiled", action="store_true")
     ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--sweep-m", default=",".join(map(str, SWEEP_M)))
+    ap.add_argument("--sweep-families", default="woq_int8,dynamic_int8")
+    ap.add_argument("--points", default=DEFAULT_POINTS, help="family:KxN:M,M,...;...")
+    ap.add_argument("--dynamic-m", action="store_true", help="also one dynamic-M compile per (K, N)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -392,9 +412,11 @@ def main() -> None:
     deadline = T0 + args.budget_s
     try:
         if args.sweep:
-            sweep(results, T0 + args.budget_s * (0.5 if args.compiled else 1.0))
+            sweep_ms = [int(m) for m in args.sweep_m.split(",")]
+            sweep_deadline = T0 + args.budget_s * (0.5 if args.compiled else 1.0)
+            sweep(results, sweep_deadline, args.sweep_families.split(","), sweep_ms)
         if args.compiled:
-            compiled(results, deadline)
+            compiled(results, deadline, parse_points(args.points), args.dynamic_m)
     finally:
         (out / "cuda_kernels.json").write_text(json.dumps(results, indent=1, default=str))
         lines = [TABLE_HEAD] + [fmt_row(r) for r in results.get("compiled", [])]
@@ -412,6 +434,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     main()

@@ -70,35 +70,67 @@ def m_bucket(m: int) -> int:
     return M_BUCKETS[-1]
 
 
-# Measured winners (filled from the H200 sweep; key: (M bucket, K, N)).
-WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {}
-DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {}
+# Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
+# sweep of scripts/bench_cuda_kernels.py --sweep). Key: (M bucket, K, N); comment: kernel time in us.
+WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+    (1, 4096, 4096): gemv(1, 8, 1024),  # 9.1
+    (4, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),  # 12.9
+    (16, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),  # 12.1
+    (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5
+    (256, 4096, 4096): mm(128, 64, 128, 4, 4),  # 31.4
+    (1024, 4096, 4096): mm(128, 128, 64, 8, 4),  # 77.9
+    (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
+    (1, 4096, 14336): gemv(1, 32, 256),  # 24.0
+    (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7
+    (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9
+    (64, 4096, 14336): mm(64, 64, 128, 4, 4),  # 35.9
+    (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5
+    (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
+    (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
+}
+DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+    (1, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 9.2
+    (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
+    (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
+    (64, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.1
+    (256, 4096, 4096): mm(64, 128, 128, 4, 4),  # 15.3
+    (1024, 4096, 4096): mm(128, 256, 128, 8, 3),  # 34.4
+    (4096, 4096, 4096): mm(128, 256, 128, 8, 3),  # 130.9
+    (1, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 19.4
+    (4, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 17.9
+    (16, 4096, 14336): mm(16, 64, 256, 4, 4, swap=True),  # 17.4
+    (64, 4096, 14336): mm(64, 128, 256, 4, 4, swap=True),  # 18.7
+    (256, 4096, 14336): mm(128, 128, 128, 8, 3),  # 30.7
+    (1024, 4096, 14336): mm(128, 256, 128, 8, 4),  # 128.7
+    (4096, 4096, 14336): mm(128, 256, 128, 8, 4),  # 442.7
+}
 
-# Dynamic M: the skinny kernel serves M <= DYNAMIC_M_SPLIT, the tiled one above it.
+# Dynamic M (explicit TRITON preference only): the skinny kernel serves M <= DYNAMIC_M_SPLIT, the tiled one above.
 DYNAMIC_M_SPLIT = 16
-_DYNAMIC_LARGE_BUCKET = 512
+_DYNAMIC_LARGE_BUCKET = 1024
 
 
 def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
-    if bucket <= 2:
-        return gemv(bucket, 16, 512 // bucket, warps=4)
+    """Shapes the sweep did not cover: the configs that were good on both swept (K, N)."""
+    if bucket == 1:
+        return gemv(1, 8, 1024)
     if bucket <= 16:
-        return mm(16, 64, 256, 4, 4, swap=True)
+        return mm(16, 64, 256, 4, 4)
     if bucket <= 64:
-        return mm(bucket, 64, 128, 4, 4, swap=bucket < 64)
+        return mm(64, 64, 128, 4, 4)
     if bucket <= 256:
-        return mm(64, 128, 128, 4, 4)
-    return mm(128, 256, 64, 8, 3)
+        return mm(128, 128, 64, 8, 3)
+    return mm(128, 128, 64, 8, 4)
 
 
 def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket <= 16:
         return mm(16, 64, 256, 4, 4, swap=True)
     if bucket <= 64:
-        return mm(bucket, 64, 256, 4, 4, swap=bucket < 64)
+        return mm(64, 128, 256, 4, 4, swap=True)
     if bucket <= 256:
-        return mm(64, 128, 256, 4, 3)
-    return mm(128, 256, 128, 8, 3)
+        return mm(128, 128, 128, 8, 3)
+    return mm(128, 256, 128, 8, 4)
 
 
 def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
@@ -134,7 +166,11 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
     return DYNAMIC_M_SPLIT, small, large
 
 
-# Crossovers: the largest static M at which qlower's kernel was measured at least as fast as the next lowering
-# in the CUDA ranking (None: no limit found on the grid measured).
-WOQ_INT8_MAX_M: int | None = None
+# Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
+# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200, 4096->4096: Triton
+# 17.5 us vs stock dequant + cuBLAS ~27 us at M=64, but 77.9 vs 63.5 us at M=1024 and 302 vs 201 us at M=4096
+# (the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800); M=128/256 not measured side by
+# side, so the limit stays at the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
+# beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
+WOQ_INT8_MAX_M: int | None = 64
 DYNAMIC_INT8_MAX_M: int | None = None

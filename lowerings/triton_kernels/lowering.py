@@ -65,12 +65,26 @@ def _static_kn(rec: QuantLinear) -> str | None:
 
 
 def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
-    if max_m is not None and is_static(rec.m) and int(rec.m) > max_m:
+    """AUTO only: decline where the kernel was measured slower than `other` (or where M is unknown)."""
+    if not is_static(rec.m):
+        return (
+            f"M is dynamic: above M={configs.DYNAMIC_M_SPLIT} one tiled config serves every M and loses to "
+            f"{other} at some M (kernel_preference=TRITON takes it anyway)"
+        )
+    if max_m is not None and int(rec.m) > max_m:
         return f"M={int(rec.m)} > {max_m}: measured slower than {other} on H200"
     return None
 
 
 def supports_woq_int8(rec: QuantLinear) -> str | None:
+    return _woq_int8_correct(rec) or _crossover(rec, configs.WOQ_INT8_MAX_M, "dequant + mm")
+
+
+def supports_dynamic_int8(rec: QuantLinear) -> str | None:
+    return _dynamic_int8_correct(rec) or _crossover(rec, configs.DYNAMIC_INT8_MAX_M, "the next CUDA lowering")
+
+
+def _woq_int8_correct(rec: QuantLinear) -> str | None:
     why = _platform(rec)
     if why:
         return why
@@ -84,12 +98,10 @@ def supports_woq_int8(rec: QuantLinear) -> str | None:
     why = _static_kn(rec)
     if why:
         return why
-    return _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale") or _crossover(
-        rec, configs.WOQ_INT8_MAX_M, "dequant + mm"
-    )
+    return _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale")
 
 
-def supports_dynamic_int8(rec: QuantLinear) -> str | None:
+def _dynamic_int8_correct(rec: QuantLinear) -> str | None:
     why = _platform(rec)
     if why:
         return why
@@ -106,10 +118,8 @@ def supports_dynamic_int8(rec: QuantLinear) -> str | None:
     why = _static_kn(rec)
     if why:
         return why
-    return (
-        _per_channel_or_tensor(aq.x_scale, rec.m, "activation scale")
-        or _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale")
-        or _crossover(rec, configs.DYNAMIC_INT8_MAX_M, "the next CUDA lowering")
+    return _per_channel_or_tensor(aq.x_scale, rec.m, "activation scale") or _per_channel_or_tensor(
+        rec.weight_scale, rec.n, "weight scale"
     )
 
 
@@ -195,4 +205,14 @@ DYNAMIC_INT8_TRITON = Lowering(
     doc="qlower Triton kernel: int8 x int8 tensor-core matmul, x_scale * w_scale and bias in the epilogue",
 )
 
+# Ranked after every other lowering: AUTO never reaches them (the fallbacks always support), an explicit
+# kernel_preference=TRITON does, for any M (dynamic M: skinny and tiled launches gated by M at run time).
+WOQ_INT8_TRITON_ANY_M = dataclasses.replace(
+    WOQ_INT8_TRITON, name="triton.woq_int8_linear.any_m", supports=_woq_int8_correct
+)
+DYNAMIC_INT8_TRITON_ANY_M = dataclasses.replace(
+    DYNAMIC_INT8_TRITON, name="triton.int8_dynamic_linear.any_m", supports=_dynamic_int8_correct
+)
+
 LOWERINGS: tuple[Lowering, ...] = (WOQ_INT8_TRITON, DYNAMIC_INT8_TRITON)
+LOWERINGS_LAST: tuple[Lowering, ...] = (WOQ_INT8_TRITON_ANY_M, DYNAMIC_INT8_TRITON_ANY_M)
