@@ -1,0 +1,100 @@
+"""Tiny gpt-fast-style quantizers for the demo, the benchmarks and the tests.
+
+They produce the plain-PyTorch graph forms users write (not tensor subclasses), which is what qlower's patterns
+must recognise. One function per family, registered in `QUANTIZERS`: adding a family is one function and one
+dict entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def quantize_per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: w [N, K] ~= q [N, K] * scale [N, 1]. Scale in fp32, q int8."""
+    amax = w.detach().abs().amax(dim=1).to(torch.float32).clamp(min=1e-8)
+    scale = amax / 127.0
+    q = torch.round(w.detach().to(torch.float32) / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+class WeightOnlyInt8Linear(nn.Module):
+    """gpt-fast's form: `F.linear(x, w.to(x.dtype)) * s`, int8 weight [N, K], per-row scale [N]."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> WeightOnlyInt8Linear:
+        q, scale = quantize_per_row_int8(linear.weight)
+        dtype = linear.weight.dtype
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale.to(dtype), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scales
+        return y if self.bias is None else y + self.bias
+
+
+class DynamicInt8Linear(nn.Module):
+    """Dynamic int8 (per-token symmetric activations x per-channel int8 weights), the hand-written form:
+    quantize x in the graph, `torch._int_mm` on int8, rescale in fp32. Eager CUDA `_int_mm` needs M > 16."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)  # int8 [N, K]
+        self.register_buffer("scales", scales)  # fp32 [N]
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> DynamicInt8Linear:
+        q, scale = quantize_per_row_int8(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        s = x2.abs().amax(dim=-1, keepdim=True).to(torch.float32).clamp(min=1e-8) / 127.0
+        xq = torch.round(x2 / s).clamp(-127, 127).to(torch.int8)
+        y = torch._int_mm(xq, self.weight.t()) * s * self.scales
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
+    """Swap every nn.Linear below `model` for `make(linear)`; returns how many were swapped."""
+    count = 0
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(model, name, make(child))
+            count += 1
+        else:
+            count += _replace_linears(child, make)
+    return count
+
+
+def quantize_woq_int8(model: nn.Module) -> int:
+    """Weight-only int8 for every nn.Linear of `model`, in place. Returns the number of linears quantized."""
+    return _replace_linears(model, WeightOnlyInt8Linear.from_linear)
+
+
+def quantize_dynamic_int8(model: nn.Module) -> int:
+    """Dynamic int8 for every nn.Linear of `model`, in place. Returns the number of linears quantized."""
+    return _replace_linears(model, DynamicInt8Linear.from_linear)
+
+
+Quantizer = Callable[[nn.Module], int]
+
+# family name (a key of qlower.FAMILIES) -> in-place quantizer returning the number of linears it replaced.
+QUANTIZERS: dict[str, Quantizer] = {
+    "woq_int8": quantize_woq_int8,
+    "dynamic_int8": quantize_dynamic_int8,
+}

@@ -1,0 +1,447 @@
+"""Benchmark one quantized-linear family side by side: bf16 F.linear, stock torch.compile, baselines, qlower.
+
+    python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out benchmarks/]
+
+Writes <out>/<family>_<device>.md (the table), .json (every measurement) and .png (speedup vs M; needs
+matplotlib: `pip install -e .[bench]`). Exits 1 if qlower left a candidate unlowered or a variant's output is
+not close to the eager quantized model.
+
+Family modules: `scripts/bench_<family>.py` (next to this file) define
+    FAMILY: str                        a key of qlower.FAMILIES (qlower is compiled with only this family)
+    DTYPE: torch.dtype                 activation dtype
+    GRID_M, GRID_KN                    the full grid: M values and (K, N) pairs; QUICK_M, QUICK_KN for --quick
+    make_weights(k, n, device, seed) -> dict[str, Tensor]
+                                       one weight set; key "bf16" is the unquantized [N, K] weight
+    quant_bytes(k, n) -> int           bytes a kernel must read for the quantized weight (the memory floor)
+    VARIANTS: dict[str, (fn, mode)]    fn(x [1, M, K], weights) -> y [1, M, N]; mode None = eager,
+                                       "stock" = torch.compile, "qlower" = torch.compile with qlower.
+                                       Must hold "bf16" (the baseline), "stock" and "qlower"; the eager run of
+                                       the "stock" fn is the reference every other variant is checked against.
+
+Timing: each call uses the next of --rotate weight sets, so weights are not cache-resident (a real model's
+layers are not). Variants are timed in 3 interleaved rounds per shape (fair under a changing load). CPU: median
+of time.perf_counter runs after a warm-up per round. CUDA: triton.testing.do_bench medians, median of rounds.
+Each compiled variant is compiled once per (M, K, N) with dynamic=False (the shape a static-M deployment sees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+import qlower
+
+FAMILY_CHOICES = ("woq_int8", "dynamic_int8", "mx")
+ROUNDS = 3  # interleaved timing rounds per shape
+REL_TOL = 2e-2  # max |y - ref| / max |ref| allowed against the eager quantized model (bf16 rounding)
+# Nominal peak memory bandwidth (bytes/s) by GPU name; anything else is measured with a device copy.
+GPU_PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
+
+
+@dataclass
+class Result:
+    m: int
+    k: int
+    n: int
+    variant: str
+    seconds: float
+    rel_err: float | None = None  # vs the eager quantized model (None for the bf16 baseline)
+    lowering: str | None = None  # qlower variant: chosen lowering(s), or "LEFT ALONE: <reason>"
+
+
+def load_family(family: str) -> ModuleType:
+    """Import scripts/bench_<family>.py."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(f"bench_{family}")
+    except ModuleNotFoundError as e:
+        if e.name != f"bench_{family}":
+            raise
+        raise SystemExit(
+            f"bench: no scripts/bench_{family}.py yet (see the interface at the top of bench.py)"
+        ) from None
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'1x64x64,16x64x128' -> [(1, 64, 64), (16, 64, 128)] as (M, K, N)."""
+    shapes = []
+    for item in text.split(","):
+        m, k, n = (int(v) for v in item.lower().split("x"))
+        shapes.append((m, k, n))
+    return shapes
+
+
+def grid(mod: ModuleType, quick: bool, shapes: str | None) -> dict[tuple[int, int], list[int]]:
+    """(K, N) -> M values, in run order."""
+    if shapes:
+        out: dict[tuple[int, int], list[int]] = {}
+        for m, k, n in parse_shapes(shapes):
+            out.setdefault((k, n), []).append(m)
+        return out
+    ms, kns = (mod.QUICK_M, mod.QUICK_KN) if quick else (mod.GRID_M, mod.GRID_KN)
+    return {kn: list(ms) for kn in kns}
+
+
+class _PlainProgress:
+    """Stand-in for tqdm: one line per step."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.done, self.desc, self.text = total, 0, desc, ""
+
+    def set_postfix_str(self, text: str) -> None:
+        self.text = text
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        print(f"{self.desc} [{self.done}/{self.total}] {self.text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _PlainProgress(total, desc)
+    if not sys.stderr.isatty():  # logs and CI: whole lines, not carriage returns
+        return _PlainProgress(total, desc)
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
+
+
+def compiled(fn: Callable, mode: str | None, family: str) -> Callable:
+    if mode is None:
+        return fn
+    if mode == "stock":
+        return torch.compile(fn, dynamic=False)
+    if mode == "qlower":
+        return torch.compile(fn, dynamic=False, options=qlower.inductor_options(families=(family,)))
+    raise ValueError(f"bench: unknown variant mode {mode!r}")
+
+
+def time_cpu(
+    call: Callable[[int], object], budget_s: float, min_runs: int = 2, max_runs: int = 50
+) -> list[float]:
+    """Seconds of call(i) after one warm-up: at least `min_runs` runs, then until `budget_s` or `max_runs`."""
+    call(0)
+    times: list[float] = []
+    start = time.perf_counter()
+    for i in itertools.count(1):
+        if len(times) >= min_runs and (len(times) >= max_runs or time.perf_counter() - start > budget_s):
+            break
+        t0 = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_cuda(call: Callable[[int], object], budget_s: float) -> list[float]:
+    """The median seconds from triton.testing.do_bench (it also flushes L2 between runs)."""
+    import triton.testing
+
+    counter = itertools.count()
+    ms = triton.testing.do_bench(
+        lambda: call(next(counter)), warmup=25, rep=max(20, int(budget_s * 1e3)), return_mode="median"
+    )
+    return [ms / 1e3]
+
+
+def memory_bandwidth(device: str) -> tuple[float, str]:
+    """Bytes/s for the memory floor, and where the number comes from."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, bw in GPU_PEAK_BW.items():
+            if key in name:
+                return bw, f"{key} spec sheet"
+    src = torch.ones(64 * 2**20, dtype=torch.float32, device=device)  # 256 MiB
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    times = []
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * src.nbytes / statistics.median(times), "measured (256 MiB copy, read + write)"
+
+
+def describe_device(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    name = "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
+
+
+def lowering_summary() -> tuple[str, bool]:
+    """What qlower did in the compile that just ran: (summary, every candidate lowered)."""
+    reports = qlower.all_reports()
+    if not reports:
+        return "no qlower report (compile cache hit?)", True
+    entries = [d for rep in reports for d in rep]
+    if not entries:
+        return "LEFT ALONE: no candidate found", False
+    left = [d for d in entries if not d.lowered]
+    if left:
+        return "LEFT ALONE: " + "; ".join(sorted({d.reason or "?" for d in left})), False
+    return ", ".join(sorted({d.lowering for d in entries if d.lowering})), True
+
+
+def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-12)).item()
+
+
+def run_kn(
+    mod: ModuleType, device: str, k: int, n: int, ms: list[int], rotate: int, budget_s: float, bar: Any
+) -> tuple[list[Result], list[str]]:
+    """Every variant at (M, k, n) for each M in `ms`, sharing one set of weights and compiled callables.
+
+    Per shape, each variant is first compiled and checked, then timed in ROUNDS interleaved rounds so that
+    load changes on a shared machine hit all variants alike; the time is the median over all rounds' runs.
+    """
+    timer = time_cuda if device.startswith("cuda") else time_cpu
+    sets = [mod.make_weights(k, n, device, seed) for seed in range(rotate)]
+    fns = {name: compiled(fn, mode, mod.FAMILY) for name, (fn, mode) in mod.VARIANTS.items()}
+    ref_fn = mod.VARIANTS["stock"][0]
+    results: list[Result] = []
+    failures: list[str] = []
+    for m in ms:
+        x = torch.randn(1, m, k, device=device, dtype=mod.DTYPE)  # batch 1, sequence M: as a model calls it
+        ref = ref_fn(x, sets[0])
+        row: dict[str, Result] = {}
+        for name, (_, mode) in mod.VARIANTS.items():
+            bar.set_postfix_str(f"M={m} K={k} N={n} {name} (compile, check)")
+            qlower.clear_reports()
+            y = fns[name](x, sets[0])  # compiles the compiled variants for this shape
+            res = row[name] = Result(m, k, n, name, 0.0)
+            if mode == "qlower":
+                res.lowering, ok = lowering_summary()
+                if not ok:
+                    failures.append(f"M={m} K={k} N={n}: qlower {res.lowering}")
+            if name != "bf16":
+                res.rel_err = rel_error(y, ref)
+                if res.rel_err > REL_TOL:
+                    failures.append(f"M={m} K={k} N={n}: {name} rel err {res.rel_err:.3g} > {REL_TOL}")
+        samples: dict[str, list[float]] = {name: [] for name in row}
+        for r in range(ROUNDS):
+            for name, fn in fns.items():
+                bar.set_postfix_str(f"M={m} K={k} N={n} {name} (round {r + 1}/{ROUNDS})")
+                samples[name] += timer(lambda i, fn=fn, x=x: fn(x, sets[i % rotate]), budget_s / ROUNDS)
+                if r == ROUNDS - 1:
+                    bar.update(1)
+        for name, res in row.items():
+            res.seconds = statistics.median(samples[name])
+            results.append(res)
+    return results, failures
+
+
+def run(
+    mod: ModuleType,
+    device: str,
+    plan: dict[tuple[int, int], list[int]],
+    rotate: int,
+    budget_s: float,
+) -> tuple[list[Result], list[str]]:
+    """Every variant at every shape of `plan`; returns results and failure messages."""
+    results: list[Result] = []
+    failures: list[str] = []
+    bar = progress(sum(len(ms) for ms in plan.values()) * len(mod.VARIANTS), f"bench {mod.FAMILY} {device}")
+    for (k, n), ms in plan.items():
+        res, fail = run_kn(mod, device, k, n, ms, rotate, budget_s, bar)
+        results += res
+        failures += fail
+        torch._dynamo.reset()  # free the compiled code of this (K, N)
+    bar.close()
+    return results, failures
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
+    """Markdown: one row per shape; each variant's time (and speedup vs bf16), then qlower's ratios."""
+    names = list(mod.VARIANTS)
+    by_shape: dict[tuple[int, int, int], dict[str, Result]] = {}
+    for r in results:
+        by_shape.setdefault((r.m, r.k, r.n), {})[r.variant] = r
+    alts = [v for v in names if v not in ("bf16", "qlower")]
+    head = [
+        "M",
+        "K→N",
+        *names,
+        "qlower lowering",
+        "qlower vs bf16",
+        "vs stock",
+        "vs best of " + "/".join(alts),
+        "floor",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (m, k, n), row in sorted(by_shape.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        t = {v: row[v].seconds for v in names if v in row}
+        cells = [str(m), f"{k}→{n}"]
+        for v in names:
+            if v not in t:
+                cells.append("—")
+            elif v == "bf16":
+                cells.append(_fmt_time(t[v]))
+            else:
+                cells.append(f"{_fmt_time(t[v])} ({t['bf16'] / t[v]:.2f}×)")
+        q = t["qlower"]
+        floor_s = mod.quant_bytes(k, n) / bandwidth
+        best_alt = min(t[v] for v in alts if v in t)
+        cells += [
+            row["qlower"].lowering or "",
+            f"{t['bf16'] / q:.2f}×",
+            f"{t['stock'] / q:.2f}×",
+            f"{best_alt / q:.2f}×",
+            f"{100 * floor_s / q:.0f}%",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], title: str, path: Path) -> Path | None:
+    """PNG of speedup vs bf16 F.linear against M, one panel per (K, N), one line per variant."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib not installed (pip install -e .[bench]): skipping the plot", file=sys.stderr)
+        return None
+    bf16 = {(r.m, r.k, r.n): r.seconds for r in results if r.variant == "bf16"}
+    kns = sorted({(r.k, r.n) for r in results})
+    variants = list(dict.fromkeys(r.variant for r in results if r.variant != "bf16"))
+    fig, axes = plt.subplots(1, len(kns), figsize=(5.5 * len(kns), 4.2), squeeze=False)
+    for ax, (k, n) in zip(axes[0], kns, strict=True):
+        for v in variants:
+            pts = sorted(
+                (r.m, bf16[(r.m, k, n)] / r.seconds) for r in results if (r.k, r.n, r.variant) == (k, n, v)
+            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        ms = sorted({r.m for r in results if (r.k, r.n) == (k, n)})
+        ax.axhline(1.0, color="gray", linestyle="--", label="bf16 F.linear")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_yscale("log")
+        ax.set_xlabel("M")
+        ax.set_ylabel("speedup vs bf16 F.linear")
+        ax.set_title(f"K={k}, N={n}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__, "qlower": qlower.__version__}
+    try:  # which code was measured: other work may be uncommitted in the same checkout
+        git = ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"]
+        out["git"] = subprocess.run(git, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", required=True, choices=FAMILY_CHOICES)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--quick", action="store_true", help="the family's small grid and shorter timing")
+    p.add_argument("--shapes", help="explicit MxKxN list, e.g. 1x64x64,16x64x64 (overrides the grid)")
+    p.add_argument("--out", default="benchmarks", help="folder for the .md, .json and .png")
+    p.add_argument(
+        "--rotate", type=int, default=None, help="weight sets cycled through (default: cuda 8, cpu 4)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="memory bandwidth for the floor, GB/s")
+    return p.parse_args(list(argv) if argv is not None else None)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench: --device cuda but CUDA is not available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch._dynamo.config.recompile_limit = 64  # one compile per (M, K, N) and variant
+    # A cache hit skips Inductor's passes (qlower's too), leaving no report of what was chosen: compile fresh.
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    mod = load_family(args.family)
+    rotate = args.rotate or (8 if args.device == "cuda" else 4)
+    budget = args.budget if args.budget is not None else (0.2 if args.quick or args.shapes else 0.5)
+    plan = grid(mod, args.quick, args.shapes)
+    if args.bandwidth_gbs:
+        bandwidth, bw_source = args.bandwidth_gbs * 1e9, "given (--bandwidth-gbs)"
+    else:
+        bandwidth, bw_source = memory_bandwidth(args.device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        results, failures = run(mod, args.device, plan, rotate, budget)
+    meta = {
+        "family": mod.FAMILY,
+        "device": describe_device(args.device),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        **versions(),
+        "rotate": rotate,
+        "bandwidth_GBps": round(bandwidth / 1e9, 1),
+        "bandwidth_source": bw_source,
+        "timing": "triton do_bench median" if args.device == "cuda" else "median of perf_counter runs",
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+    header = " · ".join(f"{k} {v}" for k, v in meta.items())
+    text = f"{header}\n\n{table(results, mod, bandwidth)}"
+    print("\n" + text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{mod.FAMILY}_{args.device}"
+    stem.with_suffix(".md").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1) + "\n"
+    )
+    title = f"{mod.FAMILY} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
+    png = plot(results, title, stem.with_suffix(".png"))
+    print(f"\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else ""))
+    for f in failures:
+        print(f"FAIL: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

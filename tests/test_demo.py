@@ -1,0 +1,69 @@
+"""The demo's path (build, quantize, compile with qlower) on a small block: every linear lowered, right numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qlower
+from qlower import demo
+from qlower.__main__ import main as cli_main
+from qlower.passes.report import Decision, Report
+
+SMALL = demo.BlockConfig(hidden=128, intermediate=352, head_dim=32)  # K = 128 and 352: multiples of 16
+
+
+# At M=1 the residual add after o_proj/down_proj is matched as a bias; the record of down_proj then holds the
+# residual node that lowering o_proj replaced and erased, and Inductor fails with "Argument 'add_1' ... used
+# before it has been defined". The bug is in the pass (records must follow replaced nodes), not in the demo.
+# strict: once the pass is fixed these XPASS and fail, so the mark must be removed.
+STALE_RECORD_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=torch._dynamo.exc.BackendCompilerFailed,
+    reason="QLowerPass: a record keeps a node that an earlier lowering replaced (residual add taken as bias at M=1)",
+)
+
+
+@pytest.mark.parametrize("m", [pytest.param(1, marks=STALE_RECORD_BUG), 8])
+def test_small_block_every_linear_lowered_and_close(m: int) -> None:
+    (r,) = demo.run("woq_int8", "cpu", (m,), SMALL, timed=False, log=lambda _: None)
+    assert r.m == m and r.expected_linears == 7
+    assert r.all_lowered, r.report.table()
+    assert {d.family for d in r.report} == {"woq_int8"}
+    # Against a float64 reference of the same quantized model, qlower is as good as eager bf16 (up to 2x,
+    # since both round to bf16 in different places) or within bf16's own resolution of the output.
+    tol = max(2 * r.err_eager_vs_f64, 2**-7 * r.ref_max)
+    assert r.err_qlower_vs_f64 <= tol, (r.err_qlower_vs_f64, r.err_eager_vs_f64, r.ref_max)
+
+
+@STALE_RECORD_BUG
+def test_small_block_decode_uses_packed_kernel_on_cpu() -> None:
+    (r,) = demo.run("woq_int8", "cpu", (1,), SMALL, timed=False, log=lambda _: None)
+    assert {d.lowering for d in r.report} == {"aten._weight_int8pack_mm"}, r.report.table()
+
+
+def test_all_lowered_is_false_when_a_linear_is_left_alone() -> None:
+    def decision(lowering: str | None) -> Decision:
+        return Decision("woq_int8", "cpu", (1, 16, 16), "bfloat16", lowering, None if lowering else "why")
+
+    report = Report("0/0", [decision("x")] * 6 + [decision(None)])
+    r = demo.ShapeResult(1, report, 7, 0.0, 0.0, 0.0, 1.0)
+    assert not r.all_lowered
+    r.report = Report("0/0", [decision("x")] * 6)  # a linear the pattern never found
+    assert not r.all_lowered
+
+
+def test_cli_demo_runs_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_main(["demo", "--device", "cpu", "--sizes", "4", "--hidden", "64", "--intermediate", "128"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "7/7 lowered" in out and "every linear lowered" in out
+    assert "max abs error" in out and "vs stock" in out
+
+
+def test_quantizers_cover_only_known_families() -> None:
+    from qlower.quantize import QUANTIZERS
+
+    assert set(QUANTIZERS) <= set(qlower.FAMILIES)
+    with pytest.raises(SystemExit, match="no demo quantizer"):
+        demo.quantize(torch.nn.Linear(16, 16), "no_such_family")
