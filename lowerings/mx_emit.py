@@ -77,7 +77,9 @@ def _scalar(em: Emitter, value: Any, dtype: torch.dtype, device: torch.device) -
 def decode_codes(em: Emitter, t: fx.Node, device: torch.device) -> fx.Node:
     """e8m0 codes (uint8 or float8_e8m0fnu, any shape) -> float32 2 ** (code - 127), NaN for 255."""
     if _dtype(t) == torch.float8_e8m0fnu:
-        return em.convert(t, torch.float32)  # exact; Inductor runs it as an aten fallback
+        # Copy the bytes out (qlower::mx_bytes): a float conversion of e8m0 would be a prims fallback, which
+        # AOTInductor can only run through its proxy executor; mx_bytes has a C shim.
+        t = as_u8_copy(em, t)
     c = em.convert(t, torch.int32)
     bits = em.call(aten.bitwise_left_shift.Tensor_Scalar, c, 23)
     bits = em.call(

@@ -149,6 +149,28 @@ def quantize(x: torch.Tensor, elem: str, mode: str = "floor") -> tuple[torch.Ten
     return scaled.to(FP8_DTYPE[elem]), codes
 
 
+def dequantize(
+    q: torch.Tensor, codes: torch.Tensor, elem: str, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """MX dequantization written with plain torch ops, [rows, K] in `dtype`: the hand-written model form.
+
+    What a user writes (and qlower recognizes); traceable with any leading dimension, dynamic included.
+    """
+    if packed(elem):
+        b = q.view(torch.uint8)
+        c = torch.stack([b & 15, b >> 4], dim=-1).flatten(-2).to(torch.int32)
+        mag = c & 7
+        ex = mag >> 1
+        mant = (mag & 1).float()
+        v = torch.where(ex == 0, 0.5 * mant, torch.exp2(ex.float() - 1) * (1 + 0.5 * mant))
+        v = torch.where(c >= 8, -v, v)
+    else:
+        v = q.float()
+    k = v.shape[-1]
+    s = torch.exp2(codes.view(torch.uint8).float() - E8M0_BIAS)
+    return (v.reshape(-1, k // BLOCK, BLOCK) * s.reshape(-1, k // BLOCK, 1)).reshape(-1, k).to(dtype)
+
+
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
     """Signal to quantization-noise ratio of `out` against `ref`, in dB."""
     ref, out = ref.double(), out.double()

@@ -1,0 +1,166 @@
+"""MX on a CUDA GPU: the Triton kernels against a float64 reference, the compiled path through qlower, and the
+capability rules (SM100 codegen under an overridden capability, ATEN preference refused below 10.0).
+
+    pytest -m gpu tests/test_mx_gpu.py          (skipped without CUDA; needs Triton, no torchao)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qlower
+from qlower.patterns import mx_format as fmt
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _data(rows: int, k: int, elem: str | None, scale: float = 1.0, seed: int = 0):
+    """(kernel operand, codes or None, float64 reference [rows, k]) for one operand."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(rows, k, device=DEV, generator=g) * scale
+    if elem is None:
+        xb = x.to(torch.bfloat16)
+        return xb, None, xb.double()
+    q, e = fmt.quantize(x, elem)
+    return q.view(torch.uint8), e, fmt.dequantize_f64(q, e, elem)
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+KERNEL_CASES = [  # (activation format or None, weight format, kernel, swizzled scales)
+    (None, "e4m3", "gemv", False),
+    (None, "e2m1", "gemv", True),
+    (None, "e5m2", "gemv", False),
+    ("e4m3", "e4m3", "gemv", True),
+    (None, "e4m3", "mm", False),
+    (None, "e2m1", "mm", True),
+    ("e4m3", "e4m3", "mm", True),
+    ("e2m1", "e2m1", "mm", False),
+    ("e4m3", "e2m1", "mm", False),
+    ("e5m2", "e4m3", "mm", False),  # mixed fp8 types: the upcast path
+]
+
+
+@pytest.mark.parametrize("a_elem,w_elem,kernel,swizzled", KERNEL_CASES)
+def test_kernel_matches_float64_reference(a_elem, w_elem, kernel, swizzled):
+    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE, MXConfig, launch_config
+
+    m, n, k = (3 if kernel == "gemv" else 200), 200, 320  # N, M off the tiles; K off BLOCK_K
+    a, a_e, a_ref = _data(m, k, a_elem, seed=1)
+    w, w_e, w_ref = _data(n, k, w_elem, scale=0.05, seed=2)
+    bias = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    sw = fmt.to_swizzled(w_e) if swizzled else w_e
+    sa = None if a_e is None else (fmt.to_swizzled(a_e) if swizzled else a_e)
+    cfg = (
+        MXConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=2)
+        if kernel == "gemv"
+        else MXConfig("mm", block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=2)
+    )
+    y = launch_config(cfg, a, sa, w, sw, bias, ELEM_CODE[a_elem or "float"], ELEM_CODE[w_elem],
+                      swizzled and sa is not None, swizzled)  # fmt: skip
+    ref = a_ref @ w_ref.t() + bias.double()
+    assert not y.isnan().any()
+    assert _rel(y, ref) <= 1e-2
+
+
+class _MXLinear(torch.nn.Module):
+    """A hand-written MX linear: weights as buffers (static shapes under dynamic=True, as parameters are)."""
+
+    def __init__(self, a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool = False) -> None:
+        super().__init__()
+        g = torch.Generator(device=DEV).manual_seed(3)
+        q, e = fmt.quantize(torch.randn(n, k, device=DEV, generator=g) * k**-0.5, w_elem)
+        self.register_buffer("q", q)
+        self.register_buffer("e", e.view(torch.float8_e8m0fnu) if e8m0 else e)
+        self.a_elem, self.w_elem, self.n, self.k = a_elem, w_elem, n, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.k)
+        if self.a_elem is not None:
+            xq, xe = fmt.quantize(x2.float(), self.a_elem)
+            x2 = fmt.dequantize(xq, xe, self.a_elem, x.dtype)
+        w = fmt.dequantize(self.q, self.e, self.w_elem, x.dtype)
+        return F.linear(x2, w).reshape(*x.shape[:-1], self.n)
+
+
+def _model(a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool = False):
+    m = _MXLinear(a_elem, w_elem, n, k, e8m0)
+    return m, (m.q, m.e)
+
+
+def _compiled(f, dynamic=False, **opts):
+    torch._dynamo.reset()
+    qlower.clear_reports()
+    return torch.compile(f, dynamic=dynamic, options=qlower.inductor_options(families=("mx",), **opts))
+
+
+@pytest.mark.parametrize(
+    "a_elem,w_elem,m,e8m0",
+    [
+        (None, "e2m1", 1, False),
+        (None, "e4m3", 37, True),
+        ("e4m3", "e4m3", 64, False),
+        ("e2m1", "e2m1", 300, True),
+    ],
+)
+def test_compiled_model_uses_triton_and_matches(a_elem, w_elem, m, e8m0):
+    n, k = 256, 512
+    f, _ = _model(a_elem, w_elem, n, k, e8m0)
+    x = torch.randn(1, m, k, device=DEV, dtype=torch.bfloat16)
+    from torch._inductor.utils import run_and_get_code
+
+    y, codes = run_and_get_code(_compiled(f), x)
+    rep = qlower.last_report()
+    assert [d.lowering for d in rep] == ["triton.mx_linear"], rep.table()
+    ref = f(x)  # eager: the same quantization and dequantization in torch ops
+    assert _rel(y, ref.double()) <= 1e-2
+    code = "\n".join(codes)
+    assert "mx_gemv_kernel" in code or "mx_mm_kernel" in code
+
+
+def test_triton_kernel_clones_no_input():
+    """The kernel HOP must say only the output is written, else Inductor copies weights every call."""
+    from qlower.testing import apply_pass, trace_for_inductor
+
+    f, _ = _model(None, "e2m1", 256, 512)
+    gm = trace_for_inductor(f, torch.randn(4, 512, device=DEV, dtype=torch.bfloat16))
+    apply_pass(gm, families=("mx",))
+    hops = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert hops and all(list(n.kwargs["tensors_to_clone"]) == ["out_ptr"] for n in hops)
+
+
+def test_dynamic_m_gates_both_kernels():
+    f, _ = _model(None, "e2m1", 256, 512)
+    cf = _compiled(f, dynamic=True)
+    for m in (1, 3, 40, 129):
+        x = torch.randn(m, 512, device=DEV, dtype=torch.bfloat16)
+        assert _rel(cf(x), f(x).double()) <= 1e-2
+
+
+def test_sm100_path_generates_scaled_mm_code():
+    """No SM100 here: with capability pinned to 10.0 the generated code calls cuBLAS' _scaled_mm (not run)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import get_code
+
+    from qlower.lowerings.cuda import override_cuda_capability
+
+    f, _ = _model("e4m3", "e4m3", 256, 512)
+    x = torch.randn(128, 512, device=DEV, dtype=torch.bfloat16)
+    with override_cuda_capability((10, 0)), inductor_config.patch(force_disable_caches=True):
+        code = "\n".join(get_code(_compiled(f), x))
+    assert [d.lowering for d in qlower.last_report()] == ["aten._scaled_mm.mx"]
+    assert "_scaled_mm" in code and "mx_mm_kernel" not in code
+
+
+def test_aten_preference_is_refused_at_compile_time_on_this_gpu():
+    if torch.cuda.get_device_capability() >= (10, 0):
+        pytest.skip("this GPU runs MX _scaled_mm")
+    f, _ = _model("e4m3", "e4m3", 256, 512)
+    x = torch.randn(64, 512, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="capability >= 10.0"):
+        _compiled(f, kernel_preference="ATEN")(x)
