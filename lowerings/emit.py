@@ -29,6 +29,8 @@ class Emitter:
             node = self.graph.call_function(target, args, kwargs)
         fake_args, fake_kwargs = tree_map(_fake_of, (args, kwargs))
         fake_mode = detect_fake_mode(tree_flatten((fake_args, fake_kwargs))[0])
+        if fake_mode is None:  # no tensor input (scalar_tensor, full) and no tracing context (AOTInductor)
+            fake_mode = detect_fake_mode([_fake_of(n) for n in (self.before, *self.before.all_input_nodes)])
         if fake_mode is None:
             raise RuntimeError(f"qlower: no fake mode found for inputs of {target}")
         with fake_mode:
