@@ -80,7 +80,7 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (256, 4096, 4096): mm(128, 64, 128, 4, 4),  # 31.4
     (1024, 4096, 4096): mm(128, 128, 64, 8, 4),  # 77.9
     (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
-    (1, 4096, 14336): gemv(1, 32, 256),  # 24.0
+    (1, 4096, 14336): mm(16, 128, 256, 4, 4),  # 23.7 (second sweep; gemv 1x32x256: 24.0-24.5)
     (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7
     (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9
     (64, 4096, 14336): mm(64, 64, 128, 4, 4),  # 35.9
@@ -169,8 +169,8 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
 # Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
 # lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200, 4096->4096: Triton
 # 17.5 us vs stock dequant + cuBLAS ~27 us at M=64, but 77.9 vs 63.5 us at M=1024 and 302 vs 201 us at M=4096
-# (the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800); M=128/256 not measured side by
-# side, so the limit stays at the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
+# (the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800); 4096->14336 at M=4096: Triton
+# 1096 us vs dequant_mm 649 us. M=128/256 were not measured side by side, so the limit is the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
 # beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
 WOQ_INT8_MAX_M: int | None = 64
 DYNAMIC_INT8_MAX_M: int | None = None
