@@ -131,6 +131,35 @@ def test_emits_kernel_launches_not_an_opaque_op(dynamic):
         assert "sym_min" in summary and "sym_max" in summary
 
 
+@needs_triton
+def test_dynamic_int8_emits_one_fused_launch():
+    """A torchao-style dynamic int8 linear (N-D input, bias) becomes one int8 kernel launch with x_scale inside."""
+    from qlower.lowerings.triton_kernels import lowering
+
+    def model(x, w, s, b):
+        xs = x.abs().amax(-1, keepdim=True).float().clamp_min(1e-6) / 127
+        xq = torch.round(x.float() / xs).clamp(-128, 127).to(torch.int8)
+        y = torch._int_mm(xq.reshape(-1, 64), w.t()).float() * xs.reshape(-1, 1)
+        return (y.to(torch.bfloat16) * s + b).reshape(2, -1, 48)
+
+    args = (
+        torch.randn(2, 9, 64, dtype=torch.bfloat16),
+        torch.randint(-127, 128, (48, 64), dtype=torch.int8),
+        torch.rand(48, dtype=torch.bfloat16),
+        torch.randn(48, dtype=torch.bfloat16),
+    )
+    gm = testing.trace_for_inductor(model, *args)
+    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        (rec,) = FAMILIES["dynamic_int8"](gm.graph)
+        assert "not CUDA" in lowering.supports_dynamic_int8(rec)
+        rec.output.replace_all_uses_with(lowering.emit_dynamic_int8(gm.graph, rec))
+        gm.graph.eliminate_dead_code()
+    assert _launches(gm) == ["qlinear_mm_kernel"]
+    summary = testing.graph_summary(gm)
+    assert "_int_mm" not in summary and "'INT8_A': True" in summary and "'HAS_XS': True" in summary
+
+
 def test_qlower_imports_and_declines_without_triton():
     script = """
     import sys
