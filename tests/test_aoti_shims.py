@@ -13,8 +13,9 @@ import expecttest
 import pytest
 import torch
 import torch.utils.cpp_extension as cpp_extension
+from torch import fx
 
-from qlower.aoti import abi_lock, build, codegen, ops
+from qlower.aoti import abi_lock, build, cli, codegen, ops, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,15 +133,14 @@ def test_abi_lock_catches_a_symbol_clash():
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> dict[str, Path]:
-    """`python -m qlower shims` for xpu in both layouts (custom-ops with `_scaled_mm_v2`, and extend)."""
-    outs = {}
-    for form in codegen.FORMS:
-        out = tmp_path_factory.mktemp(form)
-        cmd = [sys.executable, "-m", "qlower", "shims", "--device", "xpu", "--out", str(out), "--form", form]
-        cmd += ["--op", "aten::_scaled_mm_v2"] if form == "custom-ops" else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outs[form] = out
+    """The shims of xpu in both layouts: `python -m qlower shims` (custom-ops, with `_scaled_mm_v2`), and the
+    same command in-process (extend)."""
+    outs = {form: tmp_path_factory.mktemp(form) for form in codegen.FORMS}
+    cmd = [sys.executable, "-m", "qlower", "shims", "--device", "xpu", "--out", str(outs["custom-ops"])]
+    proc = subprocess.run([*cmd, "--op", "aten::_scaled_mm_v2"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "xpu: aoti_torch_xpu__scaled_mm_v2_out  (aten::_scaled_mm_v2.out)" in proc.stdout
+    assert cli.main(["shims", "--device", "xpu", "--out", str(outs["extend"]), "--form", "extend"]) == 0
     return outs
 
 
@@ -181,14 +181,7 @@ def test_xpu_sources_compile_against_the_cpu_wheel(written):
 
 def test_cpu_library_is_built_from_the_cli_output(tmp_path):
     """The library AOTInductor links on cpu (tests/test_aoti_export.py) is compiled from exactly these files."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "qlower", "shims", "--device", "cpu", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli.main(["shims", "--device", "cpu", "--out", str(tmp_path)]) == 0
     lib = build.shim_library("cpu")
     for name in ("qlower_c_shim_cpu.h", "qlower_c_shim_cpu.cpp"):
         assert (lib.path.parent / name).read_text() == (tmp_path / name).read_text()
@@ -196,3 +189,37 @@ def test_cpu_library_is_built_from_the_cli_output(tmp_path):
     table = json.loads((tmp_path / "custom_ops_to_c_shims_cpu.json").read_text())
     for (decl,) in table.values():
         assert f" T {decl.split('(')[0].split()[-1]}\n" in exported.stdout
+
+
+def _graph_calling_mx_bytes() -> fx.Graph:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.zeros(4, dtype=torch.uint8)
+    y = graph.call_function(torch.ops.qlower.mx_bytes.default, (x,))
+    y.meta["val"] = torch.zeros(4, dtype=torch.uint8)
+    graph.output(y)
+    return graph
+
+
+def test_pass_declares_and_links_shims_only_in_cpp_wrapper_compiles_with_qlower_options():
+    config = torch._inductor.config
+    graph = _graph_calling_mx_bytes()
+    global_shims = dict(config.aot_inductor.custom_ops_to_c_shims)
+    with config.patch(
+        cpp_wrapper=True
+    ):  # options not from qlower.inductor_options(): leave Inductor's config
+        runtime.prepare_compile(graph)
+        assert config.aot_inductor.custom_ops_to_c_shims == global_shims
+    opts = runtime.config_entries()
+    with config.patch(opts):  # a Python-wrapper compile: nothing to link
+        runtime.prepare_compile(graph)
+    assert not opts["aot_inductor.custom_ops_to_c_shims"] and not opts["aot_inductor.custom_op_libs"]
+    with config.patch({**opts, "cpp_wrapper": True}):
+        runtime.prepare_compile(graph)
+    (decls,) = [
+        d for op, d in opts["aot_inductor.custom_ops_to_c_shims"].items() if op.name() == "qlower::mx_bytes"
+    ]
+    assert decls == ["AOTITorchError aoti_torch_cpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)"]
+    (lib,) = opts["aot_inductor.custom_op_libs"]
+    assert lib.startswith("qlower_aoti_shims_cpu -L") and "-Wl,-rpath," in lib
+    assert config.aot_inductor.custom_ops_to_c_shims == global_shims
