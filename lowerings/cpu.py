@@ -14,7 +14,7 @@ import torch
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .dynamic_int8_emit import emit_int_mm
+from .dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_CPU
 from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
@@ -74,15 +74,6 @@ WOQ_INT8_PACKED_BY_M_CPU = Lowering(
     supports=_supports_packed_by_m,
     emit=lambda graph, rec: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(graph, rec),
     doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
-)
-
-DYNAMIC_INT8_INT_MM_CPU = Lowering(
-    name="aten._int_mm",
-    family="dynamic_int8",
-    kind=KernelPreference.ATEN,
-    supports=lambda rec: None,  # any M, K, N (oneDNN); the prologue and rescale fuse around it
-    emit=emit_int_mm,
-    doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
 )
 
 

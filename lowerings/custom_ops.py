@@ -33,3 +33,22 @@ def _(x: torch.Tensor, w_nk: torch.Tensor, scale: torch.Tensor, max_m_packed: in
 
 
 woq_int8_mm_by_m = torch.ops.qlower.woq_int8_mm_by_m.default
+
+
+@torch.library.custom_op("qlower::int8_mm_min_m", mutates_args=())
+def _int8_mm_min_m(x: torch.Tensor, w_nk: torch.Tensor, min_m: int) -> torch.Tensor:
+    """x int8 [M, K] @ w_nk int8 [N, K].T -> int32 [M, N] with `_int_mm`, for kernels that need M >= min_m
+    (cuBLAS int8: M > 16). A dynamic M is only known at run time: pad small M with zero rows, then slice."""
+    m = x.shape[0]
+    if m >= min_m:
+        return aten._int_mm(x, w_nk.t())
+    padded = torch.nn.functional.pad(x, (0, 0, 0, min_m - m))
+    return aten._int_mm(padded, w_nk.t())[:m]
+
+
+@_int8_mm_min_m.register_fake
+def _(x: torch.Tensor, w_nk: torch.Tensor, min_m: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_nk.shape[0]), dtype=torch.int32)
+
+
+int8_mm_min_m = torch.ops.qlower.int8_mm_min_m.default

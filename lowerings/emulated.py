@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from qlower.patterns.record import QuantLinear
 
+from .dynamic_int8_emit import emit_emulated as emit_dynamic_int8_emulated
 from .preference import KernelPreference
 from .registry import Lowering
 from .woq_int8_emit import emit_dequant_mm
@@ -25,4 +26,13 @@ WOQ_INT8_DEQUANT_MM = Lowering(
     supports=_always,
     emit=emit_dequant_mm,
     doc="fused int8->float dequant (scale applied on the weight) + float GEMM",
+)
+
+DYNAMIC_INT8_EMULATED = Lowering(
+    name="int8_mm_emulated",
+    family="dynamic_int8",
+    kind=KernelPreference.EMULATED,
+    supports=_always,
+    emit=emit_dynamic_int8_emulated,
+    doc="int8 operands in fp32, K in chunks of 1024 so every partial sum is exact, int32 total + fused rescale",
 )

@@ -9,7 +9,8 @@ import torch
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .emulated import WOQ_INT8_DEQUANT_MM
+from .dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_XPU
+from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
@@ -37,4 +38,14 @@ WOQ_INT8_PACKED_XPU = Lowering(
 
 
 def register() -> None:
-    register_backend("xpu", [WOQ_INT8_PACKED_XPU, WOQ_INT8_DEQUANT_MM, MX_EMULATED], replace=True)
+    register_backend(
+        "xpu",
+        [
+            WOQ_INT8_PACKED_XPU,
+            WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_INT_MM_XPU,
+            DYNAMIC_INT8_EMULATED,
+            MX_EMULATED,
+        ],
+        replace=True,
+    )

@@ -6,12 +6,15 @@ from collections.abc import Callable
 
 from torch import fx
 
-from . import mx, woq_int8
+from . import dynamic_int8, mx, woq_int8
 from .record import ActQuant, Candidate, QuantLinear, Rejection
 
 FamilyFinder = Callable[[fx.Graph], "list[Candidate]"]
 
+# Order matters: dynamic_int8 runs first, since a dequantized int8 activation times a dequantized int8
+# weight would also look like a weight-only linear (with a float activation) to woq_int8.
 FAMILIES: dict[str, FamilyFinder] = {
+    dynamic_int8.FAMILY: dynamic_int8.find,
     woq_int8.FAMILY: woq_int8.find,
     mx.FAMILY: mx.find,
 }

@@ -1,0 +1,157 @@
+"""Emitters for dynamic-int8 records: an int8 x int8 -> int32 matmul between the graph's own activation
+quantization (prologue) and one fused rescale (epilogue).
+
+The epilogue always runs in fp32: y = (acc - compensation) * x_scale[M, 1] * w_scale[N] + bias, then the
+record's output dtype and shape. Zero points become integer compensation terms (exact in int32):
+  (x_q - zx) @ (w_q - zw).T = x_q @ w_q.T - rowsum(x_q) zw - zx colsum(w_q) + K zx zw.
+
+Which device uses which emitter, and for which shapes, is decided in the per-device modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from qlower.patterns.graph_utils import aten, is_static, tensor_val
+from qlower.patterns.record import QuantLinear
+
+from . import custom_ops
+from .decompose import materialize
+from .emit import Emitter, scale_vector, weight_nk
+
+# fp32 adds integers exactly up to 2**24; an int8 x int8 product is at most 128 * 128 = 2**14 in magnitude.
+EXACT_FP32_K = 2**24 // 2**14
+
+
+class _Emitter(Emitter):
+    """An Emitter that remembers which PT2E fallback nodes it already inlined (shared scale/zero point)."""
+
+    def __init__(self, graph: fx.Graph, before: fx.Node) -> None:
+        super().__init__(graph, before)
+        self.memo: dict[fx.Node, Any] = {}
+
+
+def _emitter(graph: fx.Graph, rec: QuantLinear) -> _Emitter:
+    return _Emitter(graph, rec.output)
+
+
+def activation_2d(em: _Emitter, rec: QuantLinear) -> fx.Node:
+    """The int8 activation as a contiguous [M, K] tensor (PT2E fallback quantize ops inlined as aten)."""
+    assert rec.act_quant is not None
+    x = materialize(em, rec.act_quant.x_q, em.memo)
+    v = tensor_val(x)
+    assert v is not None
+    if v.dim() != 2:
+        x = em.reshape(x, [-1, rec.k])
+    return em.contiguous(x)
+
+
+def _per_row(em: _Emitter, node: Any, dtype: torch.dtype) -> Any:
+    """A per-token (numel M) or per-tensor value as [M, 1] / [1, 1] of `dtype`; Python numbers pass."""
+    if not isinstance(node, fx.Node):
+        return node
+    node = materialize(em, node, em.memo)
+    v = tensor_val(node)
+    assert v is not None
+    node = em.reshape(node, [-1, 1]) if v.dim() != 2 or v.shape[-1] != 1 else node
+    return em.convert(node, dtype)
+
+
+def _per_col(em: Emitter, rec: QuantLinear, node: Any, dtype: torch.dtype) -> Any:
+    """A per-channel (numel N) or per-tensor value as [1, N] / [1, 1] of `dtype`; Python numbers pass."""
+    if not isinstance(node, fx.Node):
+        return node
+    v = tensor_val(node)
+    assert v is not None
+    shape = [1, rec.n] if is_static(v.numel()) and int(v.numel()) == rec.n else [1, 1]
+    return em.convert(em.reshape(node, shape), dtype)
+
+
+def _compensate(em: _Emitter, rec: QuantLinear, acc: fx.Node, x2d: fx.Node, w_nk: fx.Node) -> fx.Node:
+    """Subtract the zero-point terms from the int32 accumulator (no-op for symmetric records)."""
+    assert rec.act_quant is not None
+    zx = rec.act_quant.details.get("zero_point")
+    zw = rec.act_quant.details.get("weight_zero_point")
+    i32 = torch.int32
+    if zw is not None:
+        row_sum = em.call(aten.sum.dim_IntList, x2d, [1], True, dtype=i32)  # [M, 1]
+        acc = em.call(aten.sub.Tensor, acc, em.call(aten.mul.Tensor, row_sum, _per_col(em, rec, zw, i32)))
+    if zx is not None:
+        zx_rows = _per_row(em, zx, i32)
+        col_sum = em.reshape(em.call(aten.sum.dim_IntList, w_nk, [1], False, dtype=i32), [1, rec.n])
+        acc = em.call(aten.sub.Tensor, acc, em.call(aten.mul.Tensor, zx_rows, col_sum))
+        if zw is not None:
+            both = em.call(aten.mul.Tensor, zx_rows, _per_col(em, rec, zw, i32))
+            acc = em.call(aten.add.Tensor, acc, em.call(aten.mul.Tensor, both, rec.k))
+    return acc
+
+
+def rescale(em: _Emitter, rec: QuantLinear, acc: fx.Node, x2d: fx.Node, w_nk: fx.Node) -> fx.Node:
+    """int32 [M, N] accumulator -> the record's output value (compensation, fp32 scales, bias, dtype, shape)."""
+    assert rec.act_quant is not None
+    acc = _compensate(em, rec, acc, x2d, w_nk)
+    # int32 * fp32 promotes exactly like convert-then-multiply. No explicit convert on purpose: with freezing,
+    # Inductor's `_register_smooth_quant_int_mm_pattern` rewrites `convert(_int_mm(a, w_const)) * s * s` to
+    # oneDNN qlinear, which on AVX512-VNNI CPUs without AMX is 20-90x slower than `_int_mm` (BENCHMARKS.md).
+    y = em.call(aten.mul.Tensor, acc, _per_row(em, rec.act_quant.x_scale, torch.float32))
+    if rec.weight_scale is not None:
+        y = em.call(aten.mul.Tensor, y, scale_vector(em, rec, torch.float32))
+    if rec.bias is not None:  # in fp32, like torchao's own epilogue: one rounding, at the end
+        y = em.call(aten.add.Tensor, y, em.reshape(rec.bias, [rec.n]))
+    y = em.convert(y, rec.out_dtype)
+    return em.reshape(y, rec.out_shape) if rec.out_shape is not None else y
+
+
+def emit_int_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """aten._int_mm(x_q [M, K], w [N, K].t()) and the fused rescale."""
+    em = _emitter(graph, rec)
+    x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+    acc = em.call(aten._int_mm.default, x2d, em.transpose(w_nk))
+    return rescale(em, rec, acc, x2d, w_nk)
+
+
+def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+    """`_int_mm` for kernels that need M >= min_m: a static small M is zero-padded (the pad fuses into the
+    quantize prologue) and the result sliced; a dynamic M goes through a custom op that pads only when
+    M < min_m at run time."""
+
+    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+        em = _emitter(graph, rec)
+        x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+        if not is_static(rec.m):
+            acc = em.call(custom_ops.int8_mm_min_m, x2d, w_nk, min_m)
+        elif int(rec.m) < min_m:
+            padded = em.call(aten.constant_pad_nd.default, x2d, [0, 0, 0, min_m - int(rec.m)], 0.0)
+            full = em.call(aten._int_mm.default, padded, em.transpose(w_nk))
+            acc = em.call(aten.slice.Tensor, full, 0, 0, int(rec.m))
+        else:
+            acc = em.call(aten._int_mm.default, x2d, em.transpose(w_nk))
+        return rescale(em, rec, acc, x2d, w_nk)
+
+    return emit
+
+
+def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """The int8 matmul in fp32, exact for any K: K is cut into chunks of EXACT_FP32_K (each chunk's sum is
+    an exact fp32 integer), the chunk results are added in int32. Works on every device."""
+    em = _emitter(graph, rec)
+    x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+    xf, wf = em.convert(x2d, torch.float32), em.convert(w_nk, torch.float32)
+    chunk = EXACT_FP32_K
+    if rec.k <= chunk:
+        acc = em.convert(em.call(aten.mm.default, xf, em.transpose(wf)), torch.int32)
+    else:
+        chunks = -(-rec.k // chunk)
+        pad = chunks * chunk - rec.k
+        if pad:
+            xf = em.call(aten.constant_pad_nd.default, xf, [0, pad], 0.0)
+            wf = em.call(aten.constant_pad_nd.default, wf, [0, pad], 0.0)
+        x3 = em.call(aten.permute.default, em.reshape(xf, [-1, chunks, chunk]), [1, 0, 2])  # [C, M, chunk]
+        w3 = em.call(aten.permute.default, em.reshape(wf, [rec.n, chunks, chunk]), [1, 2, 0])  # [C, chunk, N]
+        partial = em.convert(em.call(aten.bmm.default, x3, w3), torch.int32)  # [C, M, N], each exact
+        acc = em.call(aten.sum.dim_IntList, partial, [0], False, dtype=torch.int32)
+    return rescale(em, rec, acc, x2d, w_nk)

@@ -1,0 +1,89 @@
+"""The dynamic-int8 lowerings of each device and the rules that say when each is correct.
+
+- CPU: `aten._int_mm` (oneDNN) for any M, K, N. Chosen over oneDNN qlinear (what Inductor's freezing would
+  rewrite a `convert(_int_mm) * s * s` chain to): on the AVX512-VNNI CI CPU without AMX, qlinear took
+  1.1 s for M=32, 1024x1024 where `_int_mm` takes ~0.1 ms, and did not finish at M=128, 4096x4096.
+- CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
+  them; the operands it gets are row-major x [M, K] and the transposed view of a contiguous [N, K] weight
+  (the TN layout cuBLASLt int8 wants). Small or dynamic M is padded to 17 rows (a static pad fuses into the
+  quantize prologue; a dynamic M goes through `qlower::int8_mm_min_m`). Other K, N: the emulated lowering.
+- XPU: `_int_mm` (oneDNN), no size rules as of torch 2.13.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qlower.patterns.graph_utils import is_static
+from qlower.patterns.record import QuantLinear
+
+from .dynamic_int8_emit import emit_int_mm, make_emit_int_mm_min_m
+from .preference import KernelPreference
+from .registry import Lowering
+
+CUDA_MIN_M = 17  # cuBLASLt int8: self.size(0) > 16
+CUDA_KN_MULTIPLE = 8
+
+
+def _int8_operands(rec: QuantLinear) -> str | None:
+    """Every `_int_mm` takes int8 x int8; the record's activation must be int8 [.., K]."""
+    aq = rec.act_quant
+    if aq is None:
+        return "no activation quantization in the record"
+    for name, node in (("activation", aq.x_q), ("weight", rec.weight)):
+        v = node.meta.get("val")
+        if not isinstance(v, torch.Tensor) or v.dtype != torch.int8:
+            return f"{name} is not int8"
+    return None
+
+
+def _supports_any_shape(rec: QuantLinear) -> str | None:
+    return _int8_operands(rec)
+
+
+def _supports_cuda_int_mm(rec: QuantLinear) -> str | None:
+    why = _int8_operands(rec)
+    if why:
+        return why
+    if rec.k % CUDA_KN_MULTIPLE or rec.n % CUDA_KN_MULTIPLE:
+        return f"cuBLASLt int8 needs K % 8 == 0 and N % 8 == 0 (K={rec.k}, N={rec.n})"
+    if rec.k == 0:
+        return "K == 0"
+    return None
+
+
+def _supports_xpu_int_mm(rec: QuantLinear) -> str | None:
+    why = _int8_operands(rec)
+    if why:
+        return why
+    if is_static(rec.m) and int(rec.m) == 0:
+        return "M == 0 (nothing to multiply; the emulated path handles empty inputs)"
+    return None
+
+
+DYNAMIC_INT8_INT_MM_CPU = Lowering(
+    name="aten._int_mm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_any_shape,
+    emit=emit_int_mm,
+    doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
+)
+
+DYNAMIC_INT8_INT_MM_CUDA = Lowering(
+    name="aten._int_mm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cuda_int_mm,
+    emit=make_emit_int_mm_min_m(CUDA_MIN_M),
+    doc="cuBLASLt int8 GEMM (M padded to 17 when smaller or dynamic), fused quantize and rescale",
+)
+
+DYNAMIC_INT8_INT_MM_XPU = Lowering(
+    name="aten._int_mm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_xpu_int_mm,
+    emit=emit_int_mm,
+    doc="oneDNN int8 GEMM on XPU, fused quantize and rescale",
+)
