@@ -122,6 +122,28 @@ def test_abi_lock_catches_a_changed_declaration_and_accepts_a_new_version(tmp_pa
     assert abi_lock.read(lock) == versioned
 
 
+def test_a_new_aten_argument_needs_a_torchgen_version(tmp_path):
+    """An aten op qlower shims gains an argument (here: pretend `use_fast_accum` is new in `_scaled_mm_v2.out`)."""
+    op = [ops.aten_op("_scaled_mm_v2", "out")]
+    versioned = {"aten::_scaled_mm_v2.out": {"v2": {"new_args": ["use_fast_accum"]}}}
+    old = {s.key: s.declaration for s in codegen.plan("xpu", op, versioned).shims if s.version == 1}
+    lock = tmp_path / "abi.lock"
+    abi_lock.update(old, lock)  # what shipped before the argument existed
+    assert "use_fast_accum" not in old["xpu aten::_scaled_mm_v2.out v1"]
+
+    unversioned = {s.key: s.declaration for s in codegen.plan("xpu", op, {}).shims}
+    (problem,) = abi_lock.check(unversioned, abi_lock.read(lock))
+    assert problem.startswith("changed: xpu aten::_scaled_mm_v2.out v1")
+
+    shims = codegen.plan("xpu", op, versioned).shims
+    assert [(s.version, s.symbol) for s in shims] == [
+        (2, "aoti_torch_xpu__scaled_mm_v2_out_v2"),
+        (1, "aoti_torch_xpu__scaled_mm_v2_out"),
+    ]
+    assert "contraction_dim_len_), false\n" in shims[1].definition  # v1 passes the new argument's default
+    assert abi_lock.update({s.key: s.declaration for s in shims}, lock) == ["xpu aten::_scaled_mm_v2.out v2"]
+
+
 def test_abi_lock_catches_a_symbol_clash():
     locked = {"xpu aten::_scaled_mm v2": "AOTITorchError aoti_torch_xpu__scaled_mm_v2(AtenTensorHandle self)"}
     clashing = {

@@ -16,12 +16,9 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+from torchgen import gen_aoti_c_shim
 from torchgen.api.types import DispatcherSignature
-from torchgen.gen_aoti_c_shim import (
-    gen_declaration_and_definition,
-    gen_static_dispatch_backend_call,
-    get_header_for_aoti,
-)
+from torchgen.gen_aoti_c_shim import gen_static_dispatch_backend_call, get_header_for_aoti
 
 from .ops import ShimOp, aten_op, aten_shim_names, parsed_native_yaml, torch_shim_symbols
 
@@ -29,6 +26,10 @@ _VERSIONED = re.compile(r"(.+)_v(\d+)")
 _DECLARED = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
 
 FORMS = ("custom-ops", "extend")
+
+# torchgen version metadata of the aten ops qlower shims itself (torch's own are in torchgen/aoti/fallback_ops.py).
+# qlower's own ops are versioned by name instead: Inductor calls a custom op's shim by the op's name.
+SHIM_VERSIONS: dict[str, dict] = {}
 
 
 class ShimError(RuntimeError):
@@ -81,7 +82,7 @@ def ambiguous_with(op: ShimOp) -> str | None:
     return stem if stem in aten_shim_names() else None
 
 
-def _resolve(op: ShimOp, notes: list[str]) -> ShimOp | None:
+def _resolve(op: ShimOp, notes: list[str]) -> ShimOp:
     """The overload to shim for `op`: an ambiguous functional aten op is shimmed as its `.out` overload."""
     other = ambiguous_with(op)
     if other is None:
@@ -93,13 +94,13 @@ def _resolve(op: ShimOp, notes: list[str]) -> ShimOp | None:
             out = None
         if out is not None and ambiguous_with(out) is None:
             notes.append(
-                f"{op.qualified}: shimmed as {out.qualified} only; its own symbol "
-                f"'{shim_name(op)}' is the one versioning aten::{other} to v{_VERSIONED.fullmatch(shim_name(op)).group(2)} yields"
+                f"{op.qualified}: shimmed as {out.qualified} only; its own symbol would be "
+                f"aoti_torch_<device>_{shim_name(op)}, the name of aten::{other}'s versioned shim"
             )
             return out
     raise ShimError(
         f"{op.qualified}: its C shim name '{shim_name(op)}' is the name of aten::{other}'s versioned shim; "
-        f"rename the op (qlower ops: never end a name in _vN unless it is the next version of a qlower op)"
+        "rename the op (qlower ops: never end a name in _vN unless it is the next version of a qlower op)"
     )
 
 
@@ -121,7 +122,8 @@ def _dispatcher_helper(op: ShimOp) -> tuple[str, str]:
     return fn, body
 
 
-def _one_shim(device: str, op: ShimOp, plan: ShimPlan) -> list[Shim]:
+def _one_shim(device: str, op: ShimOp, plan: ShimPlan, versions: dict[str, dict]) -> list[Shim]:
+    """torchgen's shims of `op`, newest version first (one per `vN` in its version metadata, plus v1)."""
     if op.native is not None:
         call = gen_static_dispatch_backend_call(op.native, None)
         include = get_header_for_aoti(op.native, {}, None, parsed_native_yaml().backend_indices, False)
@@ -129,16 +131,30 @@ def _one_shim(device: str, op: ShimOp, plan: ShimPlan) -> list[Shim]:
         call, helper = _dispatcher_helper(op)
         plan.helpers.append(helper)
         include = None
-    declarations, definitions = gen_declaration_and_definition(op.schema, device, call, {})
+    metadata = versions.get(op.qualified, {})
+    # torchgen caches by (name, device, call), not by version metadata.
+    gen_aoti_c_shim.declaration_definition_cache.pop((op.schema.name.unambiguous_name(), device, call), None)
+    declarations, definitions = gen_aoti_c_shim.gen_declaration_and_definition(
+        op.schema, device, call, metadata
+    )
     decls = [d.removeprefix("AOTI_TORCH_EXPORT ").rstrip(";") for d in declarations.splitlines()]
-    if len(decls) != 1:
-        raise ShimError(f"{op.qualified}: expected one declaration from torchgen, got {decls}")
-    symbol = _DECLARED.search(decls[0]).group(1)
-    return [Shim(device, op.qualified, 1, symbol, decls[0], definitions.strip(), include)]
+    defs = [
+        d.strip() for d in re.split(r"^(?=AOTITorchError )", definitions.strip(), flags=re.M) if d.strip()
+    ]
+    numbers = sorted((int(k[1:]) for k in metadata if k.startswith("v")), reverse=True) + [1]
+    if not (len(decls) == len(defs) == len(numbers)) or any("#if" in d for d in decls):
+        raise ShimError(f"{op.qualified}: unexpected torchgen output for versions {numbers}: {decls}")
+    return [
+        Shim(device, op.qualified, n, _DECLARED.search(d).group(1), d, body, include)
+        for n, d, body in zip(numbers, decls, defs, strict=True)
+    ]
 
 
-def plan(device: str, ops: list[ShimOp]) -> ShimPlan:
+def plan(device: str, ops: list[ShimOp], versions: dict[str, dict] | None = None) -> ShimPlan:
     """Shims for `ops` on `device`, after the clash checks.
+
+    `versions` maps an op ("aten::_scaled_mm_v2.out") to torchgen's version metadata
+    (`{"v2": {"new_args": [...]}}`), default `SHIM_VERSIONS`: how a signature change gets a `_vN`.
 
     Fails (ShimError) when a symbol would be generated twice, is already declared by the installed torch's
     `c_shim_<device>.h` (the extend header would redeclare it), names a qlower op like an aten op (Inductor
@@ -156,7 +172,7 @@ def plan(device: str, ops: list[ShimOp]) -> ShimPlan:
                 f"'{op.schema.name.unambiguous_name()}' is an aten op's name: rename the op"
             )
         try:
-            shims = _one_shim(device, op, result)
+            shims = _one_shim(device, op, result, SHIM_VERSIONS if versions is None else versions)
         except NotImplementedError as e:
             result.notes.append(f"{op.qualified}: no C shim possible ({e}); it stays on the proxy executor")
             continue
