@@ -2,9 +2,10 @@
 
 Inductor calls a custom op through a C shim only when `aot_inductor.custom_ops_to_c_shims` declares it and
 `aot_inductor.custom_op_libs` links a library that defines it; otherwise it serializes the call for the proxy
-executor. `qlower.inductor_options()` carries both entries (so a compile's changes end with the compile), and
-QLowerPass calls `prepare_compile` after lowering: in a C++-wrapper compile (AOTInductor, cpp_wrapper) that
-emitted qlower ops, it builds the device's shim library once (cached) and fills the two entries.
+executor. `qlower.inductor_options()` carries its own copies of both entries, and QLowerPass calls
+`prepare_compile` after lowering: in a C++-wrapper compile (AOTInductor, cpp_wrapper) that emitted qlower ops,
+it builds the device's shim library once (cached on disk) and adds it to those copies, never to Inductor's
+global config.
 `QLOWER_AOTI_SHIMS=0` turns this off (proxy executor).
 """
 
