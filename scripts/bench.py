@@ -3,7 +3,7 @@
     python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out benchmarks/]
 
 Writes <out>/<family>_<device>.md (the table), .json (every measurement) and .png (speedup vs M; needs
-matplotlib: `pip install -e .[bench]`). Exits 1 if qlower left a candidate unlowered or a variant's output is
+matplotlib: `pip install -e .[bench]`); `--replot <json>` rewrites the .md and .png of an earlier run. Exits 1 if qlower left a candidate unlowered or a variant's output is
 not close to the eager quantized model.
 
 Family modules: `scripts/bench_<family>.py` (next to this file) define
@@ -19,8 +19,9 @@ Family modules: `scripts/bench_<family>.py` (next to this file) define
                                        the "stock" fn is the reference every other variant is checked against.
 
 Timing: each call uses the next of --rotate weight sets, so weights are not cache-resident (a real model's
-layers are not). Variants are timed in 3 interleaved rounds per shape (fair under a changing load). CPU: median
-of time.perf_counter runs after a warm-up per round. CUDA: triton.testing.do_bench medians, median of rounds.
+layers are not). After a compile call and a warm-up call, variants are timed in ROUNDS interleaved rounds per
+shape (fair under a changing load). CPU: median of all time.perf_counter runs. CUDA: median of the rounds'
+triton.testing.do_bench medians.
 Each compiled variant is compiled once per (M, K, N) with dynamic=False (the shape a static-M deployment sees).
 """
 
@@ -47,7 +48,7 @@ import torch
 import qlower
 
 FAMILY_CHOICES = ("woq_int8", "dynamic_int8", "mx")
-ROUNDS = 3  # interleaved timing rounds per shape
+ROUNDS = 5  # interleaved timing rounds per shape
 REL_TOL = 2e-2  # max |y - ref| / max |ref| allowed against the eager quantized model (bf16 rounding)
 # Nominal peak memory bandwidth (bytes/s) by GPU name; anything else is measured with a device copy.
 GPU_PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
@@ -59,7 +60,8 @@ class Result:
     k: int
     n: int
     variant: str
-    seconds: float
+    seconds: float  # median
+    min_seconds: float = 0.0
     rel_err: float | None = None  # vs the eager quantized model (None for the bf16 baseline)
     lowering: str | None = None  # qlower variant: chosen lowering(s), or "LEFT ALONE: <reason>"
 
@@ -137,10 +139,9 @@ def compiled(fn: Callable, mode: str | None, family: str) -> Callable:
 
 
 def time_cpu(
-    call: Callable[[int], object], budget_s: float, min_runs: int = 2, max_runs: int = 50
+    call: Callable[[int], object], budget_s: float, min_runs: int = 1, max_runs: int = 50
 ) -> list[float]:
-    """Seconds of call(i) after one warm-up: at least `min_runs` runs, then until `budget_s` or `max_runs`."""
-    call(0)
+    """Seconds of call(i), i = 1, 2, ...: at least `min_runs` runs, then until `budget_s` or `max_runs`."""
     times: list[float] = []
     start = time.perf_counter()
     for i in itertools.count(1):
@@ -170,17 +171,17 @@ def memory_bandwidth(device: str) -> tuple[float, str]:
         for key, bw in GPU_PEAK_BW.items():
             if key in name:
                 return bw, f"{key} spec sheet"
-    src = torch.ones(64 * 2**20, dtype=torch.float32, device=device)  # 256 MiB
-    dst = torch.empty_like(src)
+    src = torch.ones(64 * 2**20, dtype=torch.float32, device=device)  # 256 MiB, read once per sum
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
-    for _ in range(5):
+    for _ in range(7):
         sync()
         t0 = time.perf_counter()
-        dst.copy_(src)
+        src.sum()
         sync()
         times.append(time.perf_counter() - t0)
-    return 2 * src.nbytes / statistics.median(times), "measured (256 MiB copy, read + write)"
+    bandwidth = src.nbytes / statistics.median(times)
+    return bandwidth, f"measured (sum over 256 MiB, {torch.get_num_threads()} threads)"
 
 
 def describe_device(device: str) -> str:
@@ -237,6 +238,7 @@ def run_kn(
             bar.set_postfix_str(f"M={m} K={k} N={n} {name} (compile, check)")
             qlower.clear_reports()
             y = fns[name](x, sets[0])  # compiles the compiled variants for this shape
+            fns[name](x, sets[1 % rotate])  # warm-up
             res = row[name] = Result(m, k, n, name, 0.0)
             if mode == "qlower":
                 res.lowering, ok = lowering_summary()
@@ -255,6 +257,7 @@ def run_kn(
                     bar.update(1)
         for name, res in row.items():
             res.seconds = statistics.median(samples[name])
+            res.min_seconds = min(samples[name])
             results.append(res)
     return results, failures
 
@@ -332,6 +335,7 @@ def plot(results: list[Result], title: str, path: Path) -> Path | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("bench: matplotlib not installed (pip install -e .[bench]): skipping the plot", file=sys.stderr)
         return None
@@ -353,6 +357,7 @@ def plot(results: list[Result], title: str, path: Path) -> Path | None:
         ax.set_xlabel("M")
         ax.set_ylabel("speedup vs bf16 F.linear")
         ax.set_title(f"K={k}, N={n}")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend()
     fig.suptitle(title, fontsize=9)
@@ -390,11 +395,28 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
     p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="memory bandwidth for the floor, GB/s")
+    p.add_argument(
+        "--replot", metavar="JSON", help="no measuring: rewrite .md/.png from an earlier run's .json"
+    )
     return p.parse_args(list(argv) if argv is not None else None)
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    args = parse_args(argv)
+def write(out: Path, device: str, mod: ModuleType, meta: dict[str, Any], results: list[Result]) -> str:
+    """The .md, .json and .png of one run under `out`; returns the table text."""
+    header = " · ".join(f"{k} {v}" for k, v in meta.items())
+    text = f"{header}\n\n{table(results, mod, meta['bandwidth_GBps'] * 1e9)}"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{mod.FAMILY}_{device}"
+    stem.with_suffix(".md").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1) + "\n"
+    )
+    title = f"{mod.FAMILY} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
+    png = plot(results, title, stem.with_suffix(".png"))
+    return text + f"\n\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else "")
+
+
+def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], list[Result], list[str]]:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda but CUDA is not available")
     if args.threads:
@@ -403,17 +425,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     # A cache hit skips Inductor's passes (qlower's too), leaving no report of what was chosen: compile fresh.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
-    mod = load_family(args.family)
     rotate = args.rotate or (8 if args.device == "cuda" else 4)
-    budget = args.budget if args.budget is not None else (0.2 if args.quick or args.shapes else 0.5)
-    plan = grid(mod, args.quick, args.shapes)
+    budget = args.budget if args.budget is not None else (0.2 if args.quick or args.shapes else 1.0)
     if args.bandwidth_gbs:
         bandwidth, bw_source = args.bandwidth_gbs * 1e9, "given (--bandwidth-gbs)"
     else:
         bandwidth, bw_source = memory_bandwidth(args.device)
     start = time.perf_counter()
     with torch.no_grad():
-        results, failures = run(mod, args.device, plan, rotate, budget)
+        results, failures = run(mod, args.device, grid(mod, args.quick, args.shapes), rotate, budget)
     meta = {
         "family": mod.FAMILY,
         "device": describe_device(args.device),
@@ -425,19 +445,18 @@ def main(argv: Iterable[str] | None = None) -> int:
         "timing": "triton do_bench median" if args.device == "cuda" else "median of perf_counter runs",
         "wall_s": round(time.perf_counter() - start, 1),
     }
-    header = " · ".join(f"{k} {v}" for k, v in meta.items())
-    text = f"{header}\n\n{table(results, mod, bandwidth)}"
-    print("\n" + text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{mod.FAMILY}_{args.device}"
-    stem.with_suffix(".md").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1) + "\n"
-    )
-    title = f"{mod.FAMILY} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
-    png = plot(results, title, stem.with_suffix(".png"))
-    print(f"\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else ""))
+    return meta, results, failures
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = parse_args(argv)
+    mod = load_family(args.family)
+    if args.replot:  # redraw the table and plot of an earlier run, e.g. after editing the plot code
+        data = json.loads(Path(args.replot).read_text())
+        meta, results, failures = data["meta"], [Result(**r) for r in data["results"]], []
+    else:
+        meta, results, failures = measure(args, mod)
+    print("\n" + write(Path(args.out), args.device, mod, meta, results))
     for f in failures:
         print(f"FAIL: {f}", file=sys.stderr)
     return 1 if failures else 0

@@ -60,6 +60,11 @@ def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
         assert "skipping the plot" in proc.stderr
     else:
         assert (tmp_path / "woq_int8_cpu.png").stat().st_size > 0
+    # --replot rebuilds the same table from the JSON without measuring.
+    replot = tmp_path / "replot"
+    args = ["--family", "woq_int8", "--device", "cpu", "--out", str(replot)]
+    assert _load_bench().main([*args, "--replot", str(tmp_path / "woq_int8_cpu.json")]) == 0
+    assert (replot / "woq_int8_cpu.md").read_text() == table
 
 
 def test_bench_woq_alias_runs() -> None:
