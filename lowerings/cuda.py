@@ -13,7 +13,7 @@ from .mx_lowerings import MX_EMULATED, MX_SCALED_MM
 from .registry import register_backend
 from .triton_kernels.lowering import LOWERINGS as TRITON_LOWERINGS
 from .triton_kernels.lowering import LOWERINGS_LAST as TRITON_LAST
-from .triton_kernels.mx_lowering import MX_TRITON
+from .triton_kernels.mx_lowering import MX_TRITON, MX_TRITON_ANY_M
 
 
 def describe(device: torch.device) -> str:
@@ -26,7 +26,7 @@ def describe(device: torch.device) -> str:
 def register() -> None:
     register_backend(
         "cuda",
-        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED, *TRITON_LAST],
+        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED, MX_TRITON_ANY_M, *TRITON_LAST],
         describe=describe,
         replace=True,
     )

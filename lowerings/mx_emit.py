@@ -3,8 +3,8 @@
 The record names stored tensors (elements, scale codes) and their layouts (`patterns/mx.py`); these helpers
 turn them into graph values. Which device uses which emitter is decided by `supports` rules elsewhere.
 No e8m0 or fp4x2 value reaches a generated kernel here: Inductor's C++ backend has no type for them
-(`KeyError: torch.float8_e8m0fnu`), so e8m0 is decoded by the aten fallback of a float conversion, and
-fp4x2 bytes are copied out as uint8 by `qlower::mx_bytes`.
+(`KeyError: torch.float8_e8m0fnu`), so e8m0 and fp4x2 bytes are copied out as uint8 by `qlower::mx_bytes`
+(an extern op with a C shim, so AOTInductor needs no proxy executor) and decoded from their bits.
 """
 
 from __future__ import annotations

@@ -1,7 +1,13 @@
-"""The CUDA lowering (kind TRITON) that calls qlower's MX Triton kernels (`mx_kernels`), and when it may.
+"""The CUDA lowerings (kind TRITON) that call qlower's MX Triton kernels (`mx_kernels`), and when they may.
 
 For GPUs without MX tensor cores (capability < 10.0: the H200 here) and for weight-only MX anywhere. fp8
 converts and fp8 tensor-core dots in Triton need capability >= 8.9.
+
+Measured on the H200 (BENCHMARKS.md, "MX"): the GEMV kernel wins at decode sizes (MXFP8 weight-only M=1
+1.30x bf16), but the dynamic-activation tile kernel (fp8 dots per 32-wide K chunk) ran at 0.15x bf16 at
+M=4096 and 0.33x at M=128. So `MX_TRITON` declines dynamic-activation records above the GEMV range and AUTO
+falls through to the fused emulation (dequantize + bf16 mm); `MX_TRITON_ANY_M`, ranked after emulation,
+still serves an explicit `KernelPreference.TRITON`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.patterns.graph_utils import known_eq, tensor_val
+from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
 from ..capability import cuda_capability, describe_capability
@@ -43,6 +49,21 @@ def supports_mx_triton(rec: QuantLinear) -> str | None:
         return f"activation quantization {rec.act_quant.scheme} is not MX"
     if rec.compute_dtype not in _OUT_DTYPES:
         return f"output dtype {rec.compute_dtype}"
+    return None
+
+
+def supports_mx_triton_measured(rec: QuantLinear) -> str | None:
+    """`supports_mx_triton`, minus where the tile kernel measured slower than bf16 by far (dynamic MX)."""
+    why = supports_mx_triton(rec)
+    if why or rec.act_quant is None:
+        return why
+    from .mx_ops import GEMV_MAX_M  # no Triton import: mx_ops imports it, so read the number lazily
+
+    if not is_static(rec.m) or int(rec.m) > GEMV_MAX_M:
+        return (
+            f"dynamic-activation MX with M={rec.m} > {GEMV_MAX_M} would run the fp8 tile kernel, measured at "
+            "0.15x bf16 (M=4096) and 0.33x (M=128) on H200; ask for KernelPreference.TRITON to use it anyway"
+        )
     return None
 
 
@@ -92,7 +113,16 @@ MX_TRITON = Lowering(
     name="triton.mx_linear",
     family="mx",
     kind=KernelPreference.TRITON,
+    supports=supports_mx_triton_measured,
+    emit=emit_mx_triton,
+    doc="qlower Triton MX kernels: GEMV at small M, tiles above (not for dynamic MX above the GEMV range)",
+)
+
+MX_TRITON_ANY_M = Lowering(
+    name="triton.mx_linear.any_m",
+    family="mx",
+    kind=KernelPreference.TRITON,
     supports=supports_mx_triton,
     emit=emit_mx_triton,
-    doc="qlower Triton MX kernels: GEMV at small M, fp8 tensor-core dots per 32-wide K chunk (scales in fp32) above",
+    doc="the same kernels at every M (ranked after emulation: serves KernelPreference.TRITON)",
 )

@@ -34,9 +34,12 @@ class MXConfig:
 
 # Largest M served by the GEMV kernel (weights streamed once per output row; tiles above).
 GEMV_MAX_M = 4
-GEMV_FP4 = MXConfig("gemv", block_n=16, block_k=512, num_warps=4, num_stages=3)
-GEMV_FP8 = MXConfig("gemv", block_n=16, block_k=256, num_warps=4, num_stages=3)
-MM_FP8_LARGE = MXConfig("mm", block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+# Configs measured on the H200 (2026-11-29, BENCHMARKS.md "MX"): the compiled model with these ran MXFP8
+# weight-only M=1 at 1.30x bf16, MXFP4 weight-only M=1 at 0.95x, MXFP8 dynamic M=4096 at 0.15x (the per-32
+# chunk fp8 tile kernel is far from the tensor cores' rate: see mx_lowering.py for what AUTO does with that).
+GEMV_FP4 = MXConfig("gemv", block_n=32, block_k=256, num_warps=4, num_stages=3)
+GEMV_FP8 = MXConfig("gemv", block_n=8, block_k=1024, num_warps=4, num_stages=2)
+MM_FP8_LARGE = MXConfig("mm", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
 MM_FP8_SMALL = MXConfig("mm", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3)
 MM_UPCAST_LARGE = MXConfig("mm", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 MM_UPCAST_SMALL = MXConfig("mm", block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=3)
@@ -164,7 +167,16 @@ def launch_config(
     out_dtype: Optional[torch.dtype] = None,
     dot_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
-    """Eager launch with an explicit config (kernel tests, tuning sweeps)."""
+    """Eager launch with an explicit config (kernel tests, tuning sweeps).
+
+    Launches the kernel directly, as the triton_op does in eager mode: through the wrap_triton HOP every
+    launch costs ~0.2 ms of dispatch, which swamped the first H200 sweep's GEMV timings.
+    """
+    from torch._library.triton import set_wrap_triton_enabled
+
     out = torch.empty((a.shape[0], w.shape[0]), dtype=out_dtype or torch.bfloat16, device=w.device)
-    launch(cfg, a, a_scale, w, w_scale, bias, out, a_fmt, w_fmt, a_swizzled, w_swizzled, dot_dtype=dot_dtype)
+    with set_wrap_triton_enabled(False):
+        launch(
+            cfg, a, a_scale, w, w_scale, bias, out, a_fmt, w_fmt, a_swizzled, w_swizzled, dot_dtype=dot_dtype
+        )
     return out
