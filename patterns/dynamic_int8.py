@@ -19,6 +19,7 @@ Nothing here knows devices: the record says what the graph computes; lowerings d
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,8 +271,47 @@ def _dequant(op: _Operand, node: fx.Node, role: str, dq: dict[str, tuple[Any, ..
         if node.args[3] % 2 != n_axis:
             return "weight dequantized per input channel (axis is K, not N)"
     op.nodes.append(node)
-    op.source, op.scale, op.zero_point, op.via = q, scale, zp, "qdq"
+    op.source, op.scale, op.via = q, scale, "qdq"
+    op.zero_point = None if _zero_by_definition(zp) else zp
     return op
+
+
+def _zero_by_definition(zp: Any) -> bool:
+    """A zero point known to be 0 at compile time: the constant 0, a constant tensor of zeros (export and
+    AOTInductor see parameters as get_attr), or what `choose_qparams_per_token` (symmetric) returns."""
+    if _int_const(zp) == 0:
+        return True
+    if isinstance(zp, fx.Node) and zp.op == "get_attr":
+        value = _get_attr(zp)
+        return isinstance(value, torch.Tensor) and not value.is_meta and not bool(value.any())
+    if not is_call(zp, (operator.getitem,)) or zp.args[1] != 1:
+        return False
+    return is_call(zp.args[0], _qd_ops("choose_qparams_per_token"))
+
+
+def _get_attr(node: fx.Node) -> Any:
+    obj: Any = node.graph.owning_module
+    for name in str(node.target).split("."):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def _qdq_producers(x_q: fx.Node) -> list[fx.Node]:
+    """A PT2E quantize node and the choose_qparams node (and getitems) that feed it.
+
+    They join the record's nodes so the pass erases them once a lowering has inlined their computation.
+    """
+    qd = "quantized_decomposed"
+    if not (isinstance(x_q.target, torch._ops.OpOverload) and x_q.target.namespace == qd):
+        return []
+    out = [x_q]
+    for arg in x_q.args[1:3]:
+        if is_call(arg, (operator.getitem,)):
+            parent = arg.args[0]
+            out.append(arg)
+            if isinstance(parent.target, torch._ops.OpOverload) and parent.target.namespace == qd:
+                out.append(parent)
+    return list(dict.fromkeys(out))
 
 
 def _u8_from_int8(node: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
@@ -432,7 +472,7 @@ def _match(mm: fx.Node) -> Candidate | None:
     av, bv, mmv = tensor_val(a), tensor_val(b), tensor_val(mm)
     if av is None or bv is None or mmv is None or av.dim() != 2 or bv.dim() != 2:
         return None
-    if not (_reaches_int8(a) and _reaches_int8(b)):
+    if mm.target is not aten._int_mm.default and not (_reaches_int8(a) and _reaches_int8(b)):
         return None
     x_op, w_op = _trace_operand(a, "x"), _trace_operand(b, "w")
     if x_op is None or w_op is None:
@@ -500,7 +540,9 @@ def _match(mm: fx.Node) -> Candidate | None:
     form = "+".join(
         p
         for p in (
-            {"int": kind, "u8": kind, "float": "float_mm"}.get(x_op.via, x_op.via),
+            {"int": kind, "u8": kind, "float": "dequant_mm" if x_op.scale is not None else "float_mm"}.get(
+                x_op.via, x_op.via
+            ),
             "u8s8" if ep.cancelled_shift else ("u8" if x_op.via == "u8" else ""),
             "asym" if sym == "asymmetric" else "",
             "" if w_zero else "wzp",
@@ -521,6 +563,9 @@ def _match(mm: fx.Node) -> Candidate | None:
             "zero_point": x_zero_point,
             "weight_zero_point": None if w_zero else w_op.zero_point,
             "prologue": "matched" if matched else "opaque",
+            # PT2E: x_q / x_scale come from quantized_decomposed ops that Inductor runs as Python fallbacks;
+            # lowerings should inline them (lowerings.decompose.materialize) before using them.
+            "quantized_decomposed": x_op.via == "qdq",
         },
     )
     return QuantLinear(
@@ -537,7 +582,7 @@ def _match(mm: fx.Node) -> Candidate | None:
         n=n,
         output=out,
         out_shape=out_shape,
-        nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes),
+        nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes, *_qdq_producers(x_op.source)),
         act_quant=act,
         form=form,
     )

@@ -1,0 +1,209 @@
+"""Numerics of the dynamic-int8 lowerings: vs the eager quantized model and a float64 reference.
+
+Most checks execute the rewritten aten graph eagerly (`rewrite_and_run`: Dynamo + AOTAutograd + qlower's pass,
+no codegen), so every form and lowering is covered in seconds; a few full Inductor compiles check the generated
+code (fused prologue/epilogue, the freezing decision, PT2E ops inlined) and dynamic M.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from dynamic_int8_forms import (
+    PT2E,
+    AsymInt32,
+    DequantBoth,
+    FloatCarrier,
+    Int32MM,
+    IntMMDivide,
+    IntMMReciprocal,
+    OutDtypeMM,
+    rewrite_and_run,
+    torchao_linear,
+)
+from torch._inductor.utils import run_and_get_code
+from torch.testing import FileCheck
+
+import qlower
+from qlower.lowerings import register_backend, register_builtin_backends
+from qlower.lowerings.dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_CUDA
+
+FAMILY = ("dynamic_int8",)
+K, N = 96, 48
+
+FORMS = [
+    (IntMMDivide, {}),
+    (IntMMReciprocal, {"bias": False}),
+    (OutDtypeMM, {"kn": True}),
+    (Int32MM, {}),
+    (Int32MM, {"kn": True}),
+    (FloatCarrier, {}),
+    (DequantBoth, {}),
+    (AsymInt32, {}),
+    (PT2E, {}),
+    (PT2E, {"asymmetric": True}),
+]
+
+
+def _x(m: int, k: int = K, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, m, k, generator=g) * 2.0 + 0.3  # an offset: asymmetric zero points are not 0
+
+
+def check_close(test_out: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor) -> None:
+    """Within the eager path's own quantization error of the float64 reference, and close to eager."""
+    err = (test_out.double() - ref64).abs().max().item()
+    eager_err = (eager.double() - ref64).abs().max().item()
+    scale = ref64.abs().max().item()
+    assert err <= 1.02 * eager_err + 1e-6 * scale, (err, eager_err)
+    assert (test_out.double() - eager.double()).abs().max().item() <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("form, kw", FORMS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_forms_lowered_match_eager_and_float64(form, kw):
+    model = form(K, N, **kw)
+    x = _x(5)
+    out, report = rewrite_and_run(model, x, families=FAMILY)
+    assert [d.lowering for d in report] == ["aten._int_mm"], report
+    with torch.no_grad():
+        check_close(out, model(x), model.reference(x))
+
+
+@pytest.mark.parametrize("form, kw", [(IntMMDivide, {}), (AsymInt32, {}), (PT2E, {"asymmetric": True})])
+@pytest.mark.parametrize("k", [K, 2100])  # 2100 > 1024: the emulated path sums chunks in int32
+def test_emulated_is_bit_exact_to_int_mm(form, kw, k):
+    model, x = form(k, N, **kw), _x(3, k)
+    aten_out, _ = rewrite_and_run(model, x, families=FAMILY)
+    emu_out, report = rewrite_and_run(
+        model, x, families=FAMILY, kernel_preference=qlower.KernelPreference.EMULATED
+    )
+    assert [d.lowering for d in report] == ["int8_mm_emulated"]
+    assert torch.equal(aten_out, emu_out)
+
+
+@pytest.fixture
+def cuda_rules_on_cpu():
+    """Rank the CUDA `_int_mm` lowering (M padding, dynamic-M custom op) for CPU records, to run it here."""
+    register_backend("cpu", [DYNAMIC_INT8_INT_MM_CUDA])
+    yield
+    register_builtin_backends()
+
+
+@pytest.mark.parametrize("m", [0, 1, 16, 17, 40])
+def test_cuda_padding_numerics(cuda_rules_on_cpu, m):
+    model = IntMMDivide(K, N)
+    x = _x(m)
+    out, report = rewrite_and_run(model, x, families=FAMILY)
+    assert report.entries[0].lowering == "aten._int_mm"
+    assert out.shape == (2, m, N)
+    if m:
+        with torch.no_grad():
+            check_close(out, model(x), model.reference(x))
+
+
+def test_cuda_dynamic_m_custom_op_numerics(cuda_rules_on_cpu):
+    """One graph for every M: the custom op pads only when M < 17 at run time."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    from qlower.testing import apply_pass
+
+    texts = []
+
+    def compiler(gm, example_inputs):
+        apply_pass(gm, families=FAMILY)
+        texts.append(gm.code)
+        return gm.forward
+
+    model = IntMMDivide(K, N)
+    backend = aot_autograd(
+        fw_compiler=compiler, inference_compiler=compiler, decompositions=select_decomp_table()
+    )
+    fn = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for m in (3, 9, 33):
+            x = _x(m)
+            check_close(fn(x), model(x), model.reference(x))
+    assert len(texts) == 1 and "int8_mm_min_m" in texts[0]
+
+
+def test_cpu_m_zero():
+    model = IntMMDivide(K, N)
+    out, report = rewrite_and_run(model, _x(0), families=FAMILY)
+    assert report.entries[0].lowering == "aten._int_mm" and out.shape == (2, 0, N)
+
+
+# ---- full Inductor compiles: generated code and end-to-end numerics ----
+
+
+def _kernel_calls(code: str) -> list[str]:
+    """The calls the generated `call()` makes: fused C++ kernels, extern kernels, torch.ops fallbacks."""
+    body = code[code.index("def call(") :]
+    return re.findall(
+        r"^\s+(?:buf\w+ = )?(cpp_fused\w+|extern_kernels\.\w+|torch\.ops\.[\w.]+)\(", body, re.M
+    )
+
+
+def test_torchao_compiled_prologue_and_epilogue_fused():
+    model = torchao_linear(K, N, bias=True)
+    x = _x(5).to(torch.bfloat16)
+    with torch.no_grad():
+        eager = model(x)
+        out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
+    assert [d.lowering for d in qlower.last_report()] == ["aten._int_mm"]
+    calls = _kernel_calls(code)
+    # one fused kernel quantizes x (amax reduction + round/clamp/int8), _int_mm, one fused rescale kernel
+    assert len(calls) == 3 and calls[1] == "extern_kernels._int_mm", calls
+    assert calls[0].startswith("cpp_fused") and "amax" in calls[0]
+    assert re.search(rf"{calls[0]} = async_compile.cpp_pybinding\(\[[^\]]*'int8_t\*'\]", code)  # writes x_q
+    assert calls[2].startswith("cpp_fused")
+    assert re.search(rf"{calls[2]} = async_compile.cpp_pybinding\(\['const int32_t\*'", code)  # reads acc
+    FileCheck().check("cpp_fused").check("extern_kernels._int_mm").check("cpp_fused").run(
+        code.split("def call(")[1]
+    )
+    w = model[0].weight
+    w64 = w.qdata.double() * w.scale.double().reshape(-1, 1)
+    ref = x.double() @ w64.t() + model[0].bias.double()
+    err, eager_err = (out.double() - ref).abs().max(), (eager.double() - ref).abs().max()
+    assert err <= 1.05 * eager_err, (err, eager_err)
+
+
+def test_freezing_keeps_int_mm_not_onednn_qlinear():
+    """With freezing, Inductor rewrites `convert(_int_mm(x, w_const)) * s * s` to oneDNN qlinear, measured
+    20-90x slower than `_int_mm` on the CI CPU (BENCHMARKS.md): qlower's epilogue keeps `_int_mm`."""
+    model = IntMMReciprocal(K, N, bias=False)  # the explicit .to(float32) upstream's pattern needs
+    x = _x(5)
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        eager = model(x)
+        torch._dynamo.reset()
+        _, (stock_code,) = run_and_get_code(torch.compile(model), x)
+        torch._dynamo.reset()
+        out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
+    assert "qlinear_pointwise" in stock_code  # what freezing does without qlower
+    assert "qlinear" not in code and "extern_kernels._int_mm" in code
+    assert "_frozen_param" in code
+    check_close(out, eager, model.reference(x))
+
+
+def test_pt2e_compiled_without_fallbacks():
+    model = PT2E(K, N, asymmetric=True)
+    x = _x(5)
+    with torch.no_grad():
+        eager = model(x)
+        out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
+    assert "quantized_decomposed" not in code.split("def call(")[1]
+    assert "extern_kernels._int_mm" in code
+    check_close(out, eager, model.reference(x))
+
+
+def test_dynamic_m_compiled():
+    model = Int32MM(K, N, kn=True)
+    fn = torch.compile(model, options=qlower.inductor_options(), dynamic=True)
+    with torch.no_grad():
+        for m in (3, 40):
+            x = _x(m)
+            check_close(fn(x), model(x), model.reference(x))
+    (d,) = qlower.last_report()
+    assert d.lowering == "aten._int_mm" and isinstance(d.shape[0], torch.SymInt)
