@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from .capability import cuda_capability, override_cuda_capability  # noqa: F401  (MX capability rules)
-from .emulated import WOQ_INT8_DEQUANT_MM
+from .dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_CUDA
+from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED, MX_SCALED_MM
 from .registry import register_backend
 from .triton_kernels.lowering import LOWERINGS as TRITON_LOWERINGS
@@ -26,7 +27,17 @@ def describe(device: torch.device) -> str:
 def register() -> None:
     register_backend(
         "cuda",
-        [*TRITON_LOWERINGS, WOQ_INT8_DEQUANT_MM, MX_SCALED_MM, MX_TRITON, MX_EMULATED, MX_TRITON_ANY_M, *TRITON_LAST],
+        [
+            *TRITON_LOWERINGS,
+            WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_INT_MM_CUDA,
+            DYNAMIC_INT8_EMULATED,
+            MX_SCALED_MM,
+            MX_TRITON,
+            MX_EMULATED,
+            MX_TRITON_ANY_M,
+            *TRITON_LAST,
+        ],
         describe=describe,
         replace=True,
     )
