@@ -21,6 +21,14 @@ class ActQuant:
 
     The pattern keeps the graph's own quantize nodes (`x_q`, `x_scale`): lowerings consume them, so the
     numerics are exactly the model's, and Inductor fuses that prologue with its producer.
+
+    dynamic_int8: scheme is "per_token|per_tensor" + "_symmetric|_asymmetric"; `x_q` is int8 [..., K] (a
+    lowering flattens it to [M, K]); `x_scale` the factor the int32 product is multiplied by (numel M or 1,
+    any float dtype); qmin/qmax from the graph's clamp. `details`: "zero_point" / "weight_zero_point" (None,
+    an int, or a per-token / per-channel node: the product is (x_q - zx) @ (w - zw).T, which lowerings turn
+    into compensation terms), "prologue" ("matched" when x_q was quantized with x_scale, else "opaque"), and
+    "quantized_decomposed" (PT2E: x_q / x_scale come from ops Inductor runs as Python fallbacks; inline them
+    with `lowerings.decompose.materialize`).
     """
 
     scheme: str  # "per_token_symmetric" (dynamic_int8), "mx_block" (MX), ...
@@ -38,6 +46,10 @@ class QuantLinear:
 
     `x` is the 2-D matmul input [M, K]; the lowered [M, N] result is finished (bias, dtype, view back to the
     original N-D shape) and replaces `output`.
+
+    dynamic_int8: `x` is the int8 activation (the same node as `act_quant.x_q`, possibly N-D); `compute_dtype`
+    is the dtype of the float activation before quantization (`act_quant.x_float`), or of the output when the
+    graph does not show it — the matmul itself is int8 x int8 -> int32 and the rescale runs in fp32.
     """
 
     family: str
