@@ -1,0 +1,54 @@
+"""Real model code: an HF transformers Llama decoder (random init from a tiny config) quantized by torchao
+Int8DynamicActivationInt8WeightConfig. Every linear must be lowered to an int8 matmul and the logits must stay
+as close to the unquantized model as eager torchao's are."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import qlower
+
+transformers = pytest.importorskip("transformers")
+torchao_quant = pytest.importorskip("torchao.quantization")
+
+
+def tiny_llama(dtype: torch.dtype) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+@pytest.mark.slow
+def test_torchao_int8_dynamic_llama_every_linear_lowered():
+    model = tiny_llama(torch.bfloat16)
+    float_model = copy.deepcopy(model)
+    n_linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    torchao_quant.quantize_(model, torchao_quant.Int8DynamicActivationInt8WeightConfig())
+    ids = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        unquantized = float_model(ids, use_cache=False).logits.float()
+        eager = model(ids, use_cache=False).logits.float()
+        compiled = torch.compile(model, options=qlower.inductor_options(), fullgraph=True)
+        out = compiled(ids, use_cache=False).logits.float()
+    report = qlower.last_report()
+    assert len(report.entries) == n_linears, report.table()
+    assert len(report.lowered) == n_linears, report.table()
+    assert {d.family for d in report} == {"dynamic_int8"}, report.table()
+    assert {d.lowering for d in report} == {"aten._int_mm"}, report.table()
+    # close to eager torchao (bf16 rounding through 2 layers), and no further from the unquantized model
+    rel = ((out - eager).norm() / eager.norm()).item()
+    assert rel < 0.02, rel
+    quant_err = ((eager - unquantized).norm() / unquantized.norm()).item()
+    ours_err = ((out - unquantized).norm() / unquantized.norm()).item()
+    assert ours_err <= 1.1 * quant_err + 1e-3, (ours_err, quant_err)
