@@ -50,5 +50,6 @@ VARIANTS = {
     "bf16": (bf16_linear, None),
     "stock": (woq_linear, "stock"),
     "dequant_mm": (dequant_then_mm, None),
+    "eager_woq": (woq_linear, None),  # the quantized model uncompiled: convert, bf16 GEMM, scale the output
     "qlower": (woq_linear, "qlower"),
 }
