@@ -71,29 +71,48 @@ def _per_col(em: Emitter, rec: QuantLinear, node: Any, dtype: torch.dtype) -> An
     return em.convert(em.reshape(node, shape), dtype)
 
 
-def _compensate(em: _Emitter, rec: QuantLinear, acc: fx.Node, x2d: fx.Node, w_nk: fx.Node) -> fx.Node:
-    """Subtract the zero-point terms from the int32 accumulator (no-op for symmetric records)."""
+def _times(em: _Emitter, a: Any, b: Any) -> Any:
+    """a * b where either may be a Python int (the tensor goes first, as aten.mul.Tensor wants)."""
+    if not isinstance(a, fx.Node):
+        a, b = b, a
+    return em.call(aten.mul.Tensor, a, b)
+
+
+def _compensate(
+    em: _Emitter, rec: QuantLinear, acc: fx.Node, x_in: fx.Node, w_nk: fx.Node, shift: int = 0
+) -> fx.Node:
+    """Subtract the zero-point terms from the int32 accumulator of `x_in @ w_nk.T`, where x_in = x_q + shift
+    (shift 128: the u8s8 form): (x_in - zx - shift) @ (w - zw).T. No-op for symmetric records, shift 0."""
     assert rec.act_quant is not None
     zx = rec.act_quant.details.get("zero_point")
     zw = rec.act_quant.details.get("weight_zero_point")
     i32 = torch.int32
-    if zw is not None:
-        row_sum = em.call(aten.sum.dim_IntList, x2d, [1], True, dtype=i32)  # [M, 1]
-        acc = em.call(aten.sub.Tensor, acc, em.call(aten.mul.Tensor, row_sum, _per_col(em, rec, zw, i32)))
     if zx is not None:
-        zx_rows = _per_row(em, zx, i32)
+        zx = _per_row(em, zx, i32)
+    if shift:
+        zx = (
+            shift
+            if zx is None
+            else (zx + shift if isinstance(zx, int) else em.call(aten.add.Tensor, zx, shift))
+        )
+    if zw is not None:
+        row_sum = em.call(aten.sum.dim_IntList, x_in, [1], True, dtype=i32)  # [M, 1]
+        acc = em.call(aten.sub.Tensor, acc, _times(em, row_sum, _per_col(em, rec, zw, i32)))
+    if zx is not None:
         col_sum = em.reshape(em.call(aten.sum.dim_IntList, w_nk, [1], False, dtype=i32), [1, rec.n])
-        acc = em.call(aten.sub.Tensor, acc, em.call(aten.mul.Tensor, zx_rows, col_sum))
+        acc = em.call(aten.sub.Tensor, acc, _times(em, col_sum, zx))
         if zw is not None:
-            both = em.call(aten.mul.Tensor, zx_rows, _per_col(em, rec, zw, i32))
+            both = _times(em, _per_col(em, rec, zw, i32), zx)
             acc = em.call(aten.add.Tensor, acc, em.call(aten.mul.Tensor, both, rec.k))
     return acc
 
 
-def rescale(em: _Emitter, rec: QuantLinear, acc: fx.Node, x2d: fx.Node, w_nk: fx.Node) -> fx.Node:
+def rescale(
+    em: _Emitter, rec: QuantLinear, acc: fx.Node, x_in: fx.Node, w_nk: fx.Node, shift: int = 0
+) -> fx.Node:
     """int32 [M, N] accumulator -> the record's output value (compensation, fp32 scales, bias, dtype, shape)."""
     assert rec.act_quant is not None
-    acc = _compensate(em, rec, acc, x2d, w_nk)
+    acc = _compensate(em, rec, acc, x_in, w_nk, shift)
     # int32 * fp32 promotes exactly like convert-then-multiply. No explicit convert on purpose: with freezing,
     # Inductor's `_register_smooth_quant_int_mm_pattern` rewrites `convert(_int_mm(a, w_const)) * s * s` to
     # oneDNN qlinear, which on AVX512-VNNI CPUs without AMX is 20-90x slower than `_int_mm` (BENCHMARKS.md).
@@ -112,6 +131,27 @@ def emit_int_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
     acc = em.call(aten._int_mm.default, x2d, em.transpose(w_nk))
     return rescale(em, rec, acc, x2d, w_nk)
+
+
+U8_SHIFT = 128
+
+
+def make_emit_int_mm_u8(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+    """u8s8 `_int_mm` from M = min_m on (and for dynamic M): (x_q + 128) as uint8 [M, K] times the int8 weight,
+    minus 128 * colsum(w) in the epilogue (exact in int32). The shift fuses into the quantize prologue; the
+    column sums fold into a constant under freezing. Below min_m: plain s8s8 `_int_mm`."""
+
+    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+        if is_static(rec.m) and int(rec.m) < min_m:
+            return emit_int_mm(graph, rec)
+        em = _emitter(graph, rec)
+        x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+        widened = em.call(aten.add.Tensor, em.convert(x2d, torch.int32), U8_SHIFT)
+        x_u8 = em.convert(widened, torch.uint8)
+        acc = em.call(aten._int_mm.default, x_u8, em.transpose(w_nk))
+        return rescale(em, rec, acc, x_u8, w_nk, shift=U8_SHIFT)
+
+    return emit
 
 
 def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:

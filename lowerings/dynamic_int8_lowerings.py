@@ -1,8 +1,11 @@
 """The dynamic-int8 lowerings of each device and the rules that say when each is correct.
 
 - CPU: `aten._int_mm` (oneDNN) for any M, K, N. Chosen over oneDNN qlinear (what Inductor's freezing would
-  rewrite a `convert(_int_mm) * s * s` chain to): on the AVX512-VNNI CI CPU without AMX, qlinear took
-  1.1 s for M=32, 1024x1024 where `_int_mm` takes ~0.1 ms, and did not finish at M=128, 4096x4096.
+  rewrite a `convert(_int_mm) * s * s` chain to): on the AVX512-VNNI CI CPU without AMX, s8 qlinear took
+  37.5 s for one M=128, 4096x4096 call where `_int_mm` takes ~8 ms. On VNNI CPUs without AMX, M >= 2 runs
+  u8s8 (x_q + 128 as uint8, minus 128 * colsum(w)): with an [N, K] weight s8s8 `_int_mm` re-packs it every
+  call (M=16, 4096^2: s8 3.6 ms, u8 2.2 ms + 0.7 ms column sums; M=128: 7.7 vs 6.3 + 0.7 ms); at M=1 both
+  take a GEMV path (0.6 ms) and the column sums would only cost. AMX CPUs: s8s8 (what torchao picks too).
 - CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
   them; the operands it gets are row-major x [M, K] and the transposed view of a contiguous [N, K] weight
   (the TN layout cuBLASLt int8 wants). Small or dynamic M is padded to 17 rows (a static pad fuses into the
@@ -12,17 +15,30 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .dynamic_int8_emit import emit_int_mm, make_emit_int_mm_min_m
+from .dynamic_int8_emit import emit_int_mm, make_emit_int_mm_min_m, make_emit_int_mm_u8
 from .preference import KernelPreference
 from .registry import Lowering
 
 CUDA_MIN_M = 17  # cuBLASLt int8: self.size(0) > 16
 CUDA_KN_MULTIPLE = 8
+CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums
+
+
+def cpu_int8_isa() -> str:
+    """'amx', 'vnni' or 'none': the running CPU's int8 dot-product unit (QLOWER_CPU_INT8_ISA overrides)."""
+    forced = os.environ.get("QLOWER_CPU_INT8_ISA")
+    if forced:
+        return forced
+    if torch.cpu._is_amx_tile_supported():
+        return "amx"
+    return "vnni" if torch.cpu._is_vnni_supported() else "none"
 
 
 def _int8_operands(rec: QuantLinear) -> str | None:
@@ -39,6 +55,18 @@ def _int8_operands(rec: QuantLinear) -> str | None:
 
 def _supports_any_shape(rec: QuantLinear) -> str | None:
     return _int8_operands(rec)
+
+
+def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
+    why = _int8_operands(rec)
+    if why:
+        return why
+    isa = cpu_int8_isa()
+    if isa != "vnni":
+        return f"u8s8 only pays on VNNI CPUs without AMX (this CPU: {isa})"
+    if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
+        return f"M={int(rec.m)} < {CPU_U8_MIN_M}: s8s8 takes a GEMV path as fast, without column sums"
+    return None
 
 
 def _supports_cuda_int_mm(rec: QuantLinear) -> str | None:
@@ -60,6 +88,15 @@ def _supports_xpu_int_mm(rec: QuantLinear) -> str | None:
         return "M == 0 (nothing to multiply; the emulated path handles empty inputs)"
     return None
 
+
+DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
+    name="aten._int_mm.u8s8",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_u8s8,
+    emit=make_emit_int_mm_u8(CPU_U8_MIN_M),
+    doc="oneDNN u8s8 GEMM (VNNI without AMX): shifted activation, column-sum compensation in the rescale",
+)
 
 DYNAMIC_INT8_INT_MM_CPU = Lowering(
     name="aten._int_mm",

@@ -4,6 +4,7 @@ registry's choices for CPU, CUDA and XPU records (CUDA/XPU through fake tensors 
 from __future__ import annotations
 
 import expecttest
+import pytest
 import torch
 from dynamic_int8_forms import (
     PT2E,
@@ -25,6 +26,12 @@ from qlower.patterns import dynamic_int8
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
 
 FAMILY = ("dynamic_int8",)
+
+
+@pytest.fixture(autouse=True)
+def _s8s8_cpu(monkeypatch):
+    """Graphs independent of the CI CPU's ISA: s8s8 unless a test asks for u8s8."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "none")
 
 
 def lowered(model, x, dynamic=False, device=None, **kw) -> tuple[str, qlower.Report]:
@@ -140,7 +147,7 @@ add_tensor: float32[4, 32] = aten.add.Tensor(mul_tensor_1, reshape_default_1)"""
 _int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_1, permute_default)
 sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
 reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
-mul_tensor: int32[4, 32] = aten.mul.Tensor(convert_element_type, reshape_default)
+mul_tensor: int32[4, 32] = aten.mul.Tensor(reshape_default, convert_element_type)
 sub_tensor: int32[4, 32] = aten.sub.Tensor(_int_mm_default, mul_tensor)
 mul_tensor_1: float32[4, 32] = aten.mul.Tensor(sub_tensor, clamp_min_1)
 mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
@@ -187,19 +194,19 @@ add_tensor_1: float32[4, 32] = aten.add.Tensor(mul_tensor_4, reshape_default_1)"
             after_matmul(text),
             """\
 _int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_2, permute_default)
+convert_element_type_default_3: int32[4, 1] = prims.convert_element_type(convert_element_type_default_1, int32)
 sum_dim_int_list: int32[4, 1] = aten.sum.dim_IntList(convert_element_type_default_2, [1], True, dtype=int32)
 reshape_default: int64[1, 32] = aten.reshape(arg3_1, [1, 32])
-convert_element_type_default_3: int32[1, 32] = prims.convert_element_type(reshape_default, int32)
-mul_tensor_2: int32[4, 32] = aten.mul.Tensor(sum_dim_int_list, convert_element_type_default_3)
+convert_element_type_default_4: int32[1, 32] = prims.convert_element_type(reshape_default, int32)
+mul_tensor_2: int32[4, 32] = aten.mul.Tensor(sum_dim_int_list, convert_element_type_default_4)
 sub_tensor_3: int32[4, 32] = aten.sub.Tensor(_int_mm_default, mul_tensor_2)
-convert_element_type_default_4: int32[4, 1] = prims.convert_element_type(convert_element_type_default_1, int32)
 sum_dim_int_list_1: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
 reshape_default_1: int32[1, 32] = aten.reshape(sum_dim_int_list_1, [1, 32])
-mul_tensor_3: int32[4, 32] = aten.mul.Tensor(convert_element_type_default_4, reshape_default_1)
+mul_tensor_3: int32[4, 32] = aten.mul.Tensor(reshape_default_1, convert_element_type_default_3)
 sub_tensor_4: int32[4, 32] = aten.sub.Tensor(sub_tensor_3, mul_tensor_3)
 reshape_default_2: int64[1, 32] = aten.reshape(arg3_1, [1, 32])
 convert_element_type_default_5: int32[1, 32] = prims.convert_element_type(reshape_default_2, int32)
-mul_tensor_4: int32[4, 32] = aten.mul.Tensor(convert_element_type_default_4, convert_element_type_default_5)
+mul_tensor_4: int32[4, 32] = aten.mul.Tensor(convert_element_type_default_5, convert_element_type_default_3)
 mul_tensor_5: int32[4, 32] = aten.mul.Tensor(mul_tensor_4, 64)
 add_tensor_4: int32[4, 32] = aten.add.Tensor(sub_tensor_4, mul_tensor_5)
 convert_element_type_default_6: float32[4, 1] = prims.convert_element_type(convert_element_type_default, float32)
@@ -236,6 +243,56 @@ reshape_default_1: bfloat16[2, 3, 32] = aten.reshape(convert_element_type_defaul
 _int_mm_default: int32[s77, 32] = aten._int_mm(convert_element_type, permute_default)
 mul_tensor: float32[s77, 32] = aten.mul.Tensor(_int_mm_default, div)
 mul_tensor_1: float32[s77, 32] = aten.mul.Tensor(mul_tensor, arg3_1)""",
+        )
+
+
+class TestCpuU8S8(expecttest.TestCase):
+    """VNNI CPUs without AMX: u8s8 from M=2 on (the shift fuses into the quantize, column sums compensate)."""
+
+    @pytest.fixture(autouse=True)
+    def _vnni(self, monkeypatch):
+        monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+
+    def test_u8s8_with_compensation(self):
+        text, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(4, 64))
+        self.assertEqual(report.entries[0].lowering, "aten._int_mm.u8s8")
+        self.assertExpectedInline(
+            text[text.index("convert_element_type:") :],
+            """\
+convert_element_type: int8[4, 64] = prims.convert_element_type(clamp_max, int8)
+convert_element_type_default: int32[4, 64] = prims.convert_element_type(convert_element_type, int32)
+add_tensor: int32[4, 64] = aten.add.Tensor(convert_element_type_default, 128)
+convert_element_type_default_1: uint8[4, 64] = prims.convert_element_type(add_tensor, uint8)
+permute_default: int8[64, 32] = aten.permute(arg1_1, [1, 0])
+_int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_1, permute_default)
+sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
+reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
+mul_tensor: int32[1, 32] = aten.mul.Tensor(reshape_default, 128)
+sub_tensor: int32[4, 32] = aten.sub.Tensor(_int_mm_default, mul_tensor)
+mul_tensor_1: float32[4, 32] = aten.mul.Tensor(sub_tensor, div)
+mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
+        )
+
+    def test_m1_stays_s8s8(self):
+        _, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(1, 64))
+        (d,) = report
+        self.assertEqual(d.lowering, "aten._int_mm")
+        self.assertIn("M=1 < 2: s8s8 takes a GEMV path", d.reason)
+
+    def test_asymmetric_on_u8s8(self):
+        text, report = lowered(AsymInt32(64, 32, bias=False), torch.randn(4, 64))
+        self.assertEqual(report.entries[0].lowering, "aten._int_mm.u8s8")
+        self.assertExpectedInline(
+            after_matmul(text),
+            """\
+_int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_1, permute_default)
+add_tensor_1: int32[4, 1] = aten.add.Tensor(convert_element_type, 128)
+sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
+reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
+mul_tensor: int32[4, 32] = aten.mul.Tensor(reshape_default, add_tensor_1)
+sub_tensor: int32[4, 32] = aten.sub.Tensor(_int_mm_default, mul_tensor)
+mul_tensor_1: float32[4, 32] = aten.mul.Tensor(sub_tensor, clamp_min_1)
+mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
         )
 
 

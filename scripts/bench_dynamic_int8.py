@@ -1,0 +1,79 @@
+"""dynamic_int8 cases for scripts/bench.py: per-token int8 activations x per-channel int8 weights.
+
+    python scripts/bench.py --family dynamic_int8 --device cpu [--quick]
+    python scripts/bench.py --family dynamic_int8 --device cuda --shapes 4096x4096x14336
+
+The model is the hand-written form (what torchao's Int8DynamicActivationInt8WeightConfig flattens to):
+quantize x per token in the graph, `torch._int_mm`, rescale by x_scale * w_scale in fp32. Stock compile and
+qlower receive the same function. On CUDA, cuBLASLt `_int_mm` rejects M <= 16, so the stock/eager function
+pads such M itself (the usual user work-around); qlower receives the unpadded form and decides.
+The interface every `bench_<family>.py` follows is documented at the top of bench.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qlower.quantize import quantize_per_row_int8
+
+FAMILY = "dynamic_int8"
+DTYPE = torch.bfloat16
+GRID_M = (1, 16, 128, 1024)
+GRID_KN = ((4096, 4096), (4096, 14336))
+QUICK_M = (1, 128)
+QUICK_KN = ((4096, 4096),)
+CUDA_MIN_M = 17
+
+
+def make_weights(k: int, n: int, device: str, seed: int) -> dict[str, torch.Tensor]:
+    """The bf16 weight [N, K], its int8 per-row quantization q [N, K] and fp32 scales s [N]."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * k**-0.5).to(DTYPE)
+    q, s = quantize_per_row_int8(w)
+    return {"bf16": w.to(device), "q": q.to(device), "s": s.to(device)}
+
+
+def quant_bytes(k: int, n: int) -> int:
+    """int8 weight [N, K] plus fp32 scales [N]."""
+    return n * k + 4 * n
+
+
+def _quantize(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x2.abs().amax(dim=-1, keepdim=True).to(torch.float32).clamp(min=1e-8) / 127.0
+    return torch.round(x2 / s).clamp(-127, 127).to(torch.int8), s
+
+
+def _linear(x: torch.Tensor, w: dict[str, torch.Tensor], pad_small_m: bool) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, s = _quantize(x2)
+    m = xq.shape[0]
+    if pad_small_m and xq.is_cuda and m < CUDA_MIN_M:
+        acc = torch._int_mm(F.pad(xq, (0, 0, 0, CUDA_MIN_M - m)), w["q"].t())[:m]
+    else:
+        acc = torch._int_mm(xq, w["q"].t())
+    y = acc * s * w["s"]
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def dynamic_int8_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model as users write it (eager-safe on CUDA: pads M <= 16)."""
+    return _linear(x, w, pad_small_m=True)
+
+
+def dynamic_int8_linear_plain(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The same model without the CUDA work-around (identical to the above on CPU)."""
+    return _linear(x, w, pad_small_m=False)
+
+
+def bf16_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    return F.linear(x, w["bf16"])
+
+
+# name -> (fn, how to run it): None = eager, "stock" = torch.compile, "qlower" = torch.compile + qlower.
+VARIANTS = {
+    "bf16": (bf16_linear, None),
+    "stock": (dynamic_int8_linear, "stock"),
+    "eager_int8": (dynamic_int8_linear, None),
+    "qlower": (dynamic_int8_linear_plain, "qlower"),
+}
