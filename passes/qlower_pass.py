@@ -8,6 +8,7 @@ woq rewrite calls `_weight_int8pack_mm` without checking its K constraint).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -52,10 +53,31 @@ class QLowerPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         report = reporting.start_graph()
         for family in self.families:
-            for cand in FAMILIES[family](graph):
-                reporting.add(report, self._lower(graph, cand))
+            self._lower_family(graph, family, report)
         graph.lint()
         aoti_runtime.prepare_compile(graph)  # AOTInductor: call qlower's ops through C shims
+
+    def _lower_family(self, graph: fx.Graph, family: str, report: reporting.Report) -> None:
+        """Decide every candidate of one family once.
+
+        A rewrite erases its matched nodes, and a later candidate found in the same scan may reference one of
+        them (a residual add that two linears share, say): such a stale candidate triggers a fresh scan.
+        Nodes qlower emitted are never candidates again. Each rescan follows at least one decision, so the
+        loop ends.
+        """
+        decided: set[fx.Node] = set()
+        rescan = True
+        while rescan:
+            rescan = False
+            for cand in FAMILIES[family](graph):
+                anchor = cand.anchor if isinstance(cand, Rejection) else cand.output
+                if anchor in decided or _emitted_by_qlower(cand):
+                    continue
+                if _is_stale(cand):
+                    rescan = True
+                    break
+                decided.add(anchor)
+                reporting.add(report, self._lower(graph, cand))
 
     def _lower(self, graph: fx.Graph, cand: QuantLinear | Rejection) -> reporting.Decision:
         if isinstance(cand, Rejection):
@@ -92,6 +114,34 @@ class QLowerPass(CustomGraphPass):
         h = hashlib.sha256(get_hash_for_files(_source_files()))
         h.update(repr((self.families, self.preference.value, fingerprint())).encode())
         return h.hexdigest()
+
+
+def _record_nodes(cand: QuantLinear | Rejection) -> list[fx.Node]:
+    """Every graph node a candidate refers to (its fields, nested lists and ActQuant included)."""
+    out: list[fx.Node] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, fx.Node):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name))
+
+    walk(cand)
+    return out
+
+
+def _is_stale(cand: QuantLinear | Rejection) -> bool:
+    return any(getattr(n, "_erased", False) for n in _record_nodes(cand))
+
+
+def _emitted_by_qlower(cand: QuantLinear | Rejection) -> bool:
+    if isinstance(cand, Rejection):
+        return bool(cand.anchor.meta.get("qlower"))
+    return any(n.meta.get("qlower") for n in (cand.output, *cand.nodes))
 
 
 def _summarize(passed_over: tuple[tuple[str, str], ...]) -> str | None:

@@ -119,6 +119,18 @@ def _weight_scale_ok(path: _WeightPath, n: int) -> bool:
     return known_eq(other, 1) and (known_eq(shape[n_axis], n) or known_eq(shape[n_axis], 1))
 
 
+def _is_channel_vector(other: Any, out: torch.Tensor) -> bool:
+    """A per-output-channel scale or bias: a number, or a tensor of at most one dim along N.
+
+    Only 0-d/1-d tensors qualify: at M = 1 a residual or a gate activation ([1, 1, N]) also broadcasts
+    along N alone, but it is an activation, not part of this linear.
+    """
+    v = tensor_val(other)
+    if v is not None and v.dim() > 1:
+        return False
+    return broadcasts_along_last_dim(other, out)
+
+
 def _is_float_scalar_or_tensor(x: Any) -> bool:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return True
@@ -181,16 +193,12 @@ def _match(mm: fx.Node) -> Candidate | None:
             out_shape = list(user.args[1])
         elif is_call(user, MUL_OPS) and scale is None and bias is None:
             other = user.args[1] if user.args[0] is cur else user.args[0]
-            if (
-                other is cur
-                or not broadcasts_along_last_dim(other, uv)
-                or not _is_float_scalar_or_tensor(other)
-            ):
+            if other is cur or not _is_channel_vector(other, uv) or not _is_float_scalar_or_tensor(other):
                 break
             scale = other
         elif is_call(user, ADD_OPS) and bias is None and user.kwargs.get("alpha", 1) == 1:
             other = user.args[1] if user.args[0] is cur else user.args[0]
-            if other is cur or not isinstance(other, fx.Node) or not broadcasts_along_last_dim(other, uv):
+            if other is cur or not isinstance(other, fx.Node) or not _is_channel_vector(other, uv):
                 break
             bias = other
         else:

@@ -7,7 +7,6 @@ self.assertExpectedInline(qlower.testing.graph_summary(gm), '''...''')
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,7 +26,9 @@ def trace_for_inductor(fn: Callable[..., Any], *args: Any, dynamic: bool = False
     captured: list[fx.GraphModule] = []
 
     def keep(gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        captured.append(copy.deepcopy(gm))
+        # No copy: the graph runs once during this call, before the caller rewrites it (and deepcopy fails
+        # on some tensor-subclass constants).
+        captured.append(gm)
         return gm.forward
 
     backend = aot_autograd(fw_compiler=keep, inference_compiler=keep, decompositions=select_decomp_table())

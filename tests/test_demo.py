@@ -13,18 +13,7 @@ from qlower.passes.report import Decision, Report
 SMALL = demo.BlockConfig(hidden=128, intermediate=352, head_dim=32)  # K = 128 and 352: multiples of 16
 
 
-# At M=1 the residual add after o_proj/down_proj is matched as a bias; the record of down_proj then holds the
-# residual node that lowering o_proj replaced and erased, and Inductor fails with "Argument 'add_1' ... used
-# before it has been defined". The bug is in the pass (records must follow replaced nodes), not in the demo.
-# strict: once the pass is fixed these XPASS and fail, so the mark must be removed.
-STALE_RECORD_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=torch._dynamo.exc.BackendCompilerFailed,
-    reason="QLowerPass: a record keeps a node that an earlier lowering replaced (residual add taken as bias at M=1)",
-)
-
-
-@pytest.mark.parametrize("m", [pytest.param(1, marks=STALE_RECORD_BUG), 8])
+@pytest.mark.parametrize("m", [1, 8])
 def test_small_block_every_linear_lowered_and_close(m: int) -> None:
     (r,) = demo.run("woq_int8", "cpu", (m,), SMALL, timed=False, log=lambda _: None)
     assert r.m == m and r.expected_linears == 7
@@ -36,7 +25,6 @@ def test_small_block_every_linear_lowered_and_close(m: int) -> None:
     assert r.err_qlower_vs_f64 <= tol, (r.err_qlower_vs_f64, r.err_eager_vs_f64, r.ref_max)
 
 
-@STALE_RECORD_BUG
 def test_small_block_decode_uses_packed_kernel_on_cpu() -> None:
     (r,) = demo.run("woq_int8", "cpu", (1,), SMALL, timed=False, log=lambda _: None)
     assert {d.lowering for d in r.report} == {"aten._weight_int8pack_mm"}, r.report.table()
