@@ -14,7 +14,11 @@ import torch
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_CPU, DYNAMIC_INT8_INT_MM_U8_CPU
+from .dynamic_int8_lowerings import (
+    DYNAMIC_INT8_INT_MM_CPU,
+    DYNAMIC_INT8_INT_MM_U8_CPU,
+    DYNAMIC_INT8_QLINEAR_CPU,
+)
 from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
@@ -84,6 +88,7 @@ def register() -> None:
             WOQ_INT8_PACKED_CPU,
             WOQ_INT8_PACKED_BY_M_CPU,
             WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_QLINEAR_CPU,
             DYNAMIC_INT8_INT_MM_U8_CPU,
             DYNAMIC_INT8_INT_MM_CPU,
             DYNAMIC_INT8_EMULATED,

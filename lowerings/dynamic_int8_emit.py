@@ -19,7 +19,7 @@ from torch import fx
 from qlower.patterns.graph_utils import aten, is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
-from . import custom_ops
+from . import custom_ops, inductor_fixes
 from .decompose import materialize
 from .emit import Emitter, scale_vector, weight_nk
 
@@ -195,3 +195,25 @@ def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         partial = em.convert(em.call(aten.bmm.default, x3, w3), torch.int32)  # [C, M, N], each exact
         acc = em.call(aten.sum.dim_IntList, partial, [0], False, dtype=torch.int32)
     return rescale(em, rec, acc, x2d, w_nk)
+
+
+def emit_qlinear_u8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """oneDNN qlinear on a prepacked constant weight: (x_q + 128) as uint8 with zero point 128, the weight
+    scale applied by the kernel, the per-token scale and bias in the fused epilogue. Only for weights that
+    freezing turns into constants: `qlinear_prepack` is then folded once, at compile time."""
+    assert rec.act_quant is not None
+    em = _emitter(graph, rec)
+    x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+    x_u8 = em.convert(em.call(aten.add.Tensor, em.convert(x2d, torch.int32), U8_SHIFT), torch.uint8)
+    inductor_fixes.fake_qlinear_prepack()
+    packed = em.call(torch.ops.onednn.qlinear_prepack.default, w_nk, None)
+    w_scale = scale_vector(em, rec, torch.float32)
+    y = em.call(
+        torch.ops.onednn.qlinear_pointwise.default,
+        *(x_u8, 1.0, U8_SHIFT, packed, w_scale, None, None, 1.0, 0, torch.float32, "none", [], ""),
+    )
+    y = em.call(aten.mul.Tensor, y, _per_row(em, rec.act_quant.x_scale, torch.float32))
+    if rec.bias is not None:
+        y = em.call(aten.add.Tensor, y, em.reshape(rec.bias, [rec.n]))
+    y = em.convert(y, rec.out_dtype)
+    return em.reshape(y, rec.out_shape) if rec.out_shape is not None else y

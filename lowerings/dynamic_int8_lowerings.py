@@ -1,11 +1,17 @@
 """The dynamic-int8 lowerings of each device and the rules that say when each is correct.
 
-- CPU: `aten._int_mm` (oneDNN) for any M, K, N. Chosen over oneDNN qlinear (what Inductor's freezing would
-  rewrite a `convert(_int_mm) * s * s` chain to): on the AVX512-VNNI CI CPU without AMX, s8 qlinear took
-  37.5 s for one M=128, 4096x4096 call where `_int_mm` takes ~8 ms. On VNNI CPUs without AMX, M >= 2 runs
-  u8s8 (x_q + 128 as uint8, minus 128 * colsum(w)): with an [N, K] weight s8s8 `_int_mm` re-packs it every
-  call (M=16, 4096^2: s8 3.6 ms, u8 2.2 ms + 0.7 ms column sums; M=128: 7.7 vs 6.3 + 0.7 ms); at M=1 both
-  take a GEMV path (0.6 ms) and the column sums would only cost. AMX CPUs: s8s8 (what torchao picks too).
+- CPU (measured on the AVX512-VNNI CI CPU without AMX, 1 thread, 4096x4096, 4 rotating weights, ms):
+
+      M     bf16   s8 _int_mm  u8 _int_mm  u8 _int_mm, KN weight  u8 qlinear, prepacked  s8 qlinear
+      1     4.19   1.12        0.97        2.92                   1.71
+      16    4.89   7.28        4.36        3.44                   2.01
+      128  21.37  15.48       12.71       11.79                  10.48                   ~37 000
+
+  Weight a constant (freezing, M >= 2): u8 oneDNN qlinear on a weight prepacked once at compile time.
+  Otherwise, M >= 2: u8s8 `_int_mm` (x_q + 128 as uint8, minus 128 * colsum(w), ~0.7 ms more for the sums;
+  s8s8 re-packs the [N, K] weight every call); M = 1: s8s8 `_int_mm` (a GEMV path). Inductor's own freezing
+  rewrite of `convert(_int_mm(x, w)) * s * s` makes an s8 qlinear, which took 37.5 s for one M=128 call:
+  qlower's epilogue never has that shape. AMX CPUs: s8s8 `_int_mm` (what torchao picks there too).
 - CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
   them; the operands it gets are row-major x [M, K] and the transposed view of a contiguous [N, K] weight
   (the TN layout cuBLASLt int8 wants). Small or dynamic M is padded to 17 rows (a static pad fuses into the
@@ -22,7 +28,7 @@ import torch
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-from .dynamic_int8_emit import emit_int_mm, make_emit_int_mm_min_m, make_emit_int_mm_u8
+from .dynamic_int8_emit import emit_int_mm, emit_qlinear_u8, make_emit_int_mm_min_m, make_emit_int_mm_u8
 from .preference import KernelPreference
 from .registry import Lowering
 
@@ -57,6 +63,49 @@ def _supports_any_shape(rec: QuantLinear) -> str | None:
     return _int8_operands(rec)
 
 
+def weight_is_frozen(rec: QuantLinear) -> bool:
+    """Whether Inductor's freezing will turn the weight into a constant (so ops on it fold at compile time).
+
+    qlower's pass runs before freezing: the weight is still a placeholder. It becomes a constant when freezing
+    is on for this inference compile and Dynamo lifted it as a parameter (AOTAutograd puts parameters first:
+    `TracingContext.params_flat`). `options={"freezing": True}` alone does not freeze nn.Module parameters
+    (Dynamo reads the global config): then params_flat is empty and this says False.
+    """
+    from torch._inductor import config
+
+    if not config.freezing or torch.is_grad_enabled():
+        return False
+    node = rec.weight
+    if node.op == "get_attr":
+        return True
+    ctx = torch._guards.TracingContext.try_get()
+    params = getattr(ctx, "params_flat", None) if ctx is not None else None
+    if node.op != "placeholder" or not params:
+        return False
+    placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+    return placeholders.index(node) < len(params)
+
+
+def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
+    why = _int8_operands(rec)
+    if why:
+        return why
+    isa = cpu_int8_isa()
+    if isa != "vnni":
+        return f"u8 qlinear measured on VNNI CPUs without AMX only (this CPU: {isa})"
+    if not torch.backends.mkldnn.is_available():
+        return "oneDNN is not available"
+    aq = rec.act_quant
+    assert aq is not None
+    if aq.details.get("zero_point") is not None or aq.details.get("weight_zero_point") is not None:
+        return "zero points (the _int_mm lowerings compensate them)"
+    if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
+        return f"M={int(rec.m)} < {CPU_U8_MIN_M}: the _int_mm GEMV path is faster"
+    if not weight_is_frozen(rec):
+        return "the weight is not a constant (needs freezing): a prepacked weight must fold at compile time"
+    return None
+
+
 def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
     why = _int8_operands(rec)
     if why:
@@ -88,6 +137,15 @@ def _supports_xpu_int_mm(rec: QuantLinear) -> str | None:
         return "M == 0 (nothing to multiply; the emulated path handles empty inputs)"
     return None
 
+
+DYNAMIC_INT8_QLINEAR_CPU = Lowering(
+    name="onednn.qlinear_pointwise.u8",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_qlinear,
+    emit=emit_qlinear_u8,
+    doc="oneDNN u8s8 qlinear on a weight prepacked at compile time (freezing), per-token scale in the epilogue",
+)
 
 DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
     name="aten._int_mm.u8s8",

@@ -36,3 +36,22 @@ def fix_int8pack_lowering() -> None:
 
     lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
     lowering.lowerings[op] = lowering_with_realized_scale
+
+
+@functools.cache
+def fake_qlinear_prepack() -> None:
+    """torch 2.13: `onednn::qlinear_prepack` has no fake implementation. Freezing runs a fake-tensor
+    propagation over the graph before it constant-folds the prepack, so a prepack emitted before freezing
+    (qlower's pass runs there) fails with UnsupportedOperatorException. Describe its output (the packed
+    weight, [K, N] int8) so propagation passes; constant folding then runs the real op once."""
+    op = torch.ops.onednn.qlinear_prepack.default
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+        return
+    try:
+        torch.library.register_fake("onednn::qlinear_prepack")(_qlinear_prepack_fake)
+    except RuntimeError:  # registered already (by a newer torch or another library)
+        pass
+
+
+def _qlinear_prepack_fake(weight: torch.Tensor, x_shape: list[int] | None = None) -> torch.Tensor:
+    return weight.new_empty((weight.shape[1], weight.shape[0]))

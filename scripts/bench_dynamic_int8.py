@@ -77,3 +77,81 @@ VARIANTS = {
     "eager_int8": (dynamic_int8_linear, None),
     "qlower": (dynamic_int8_linear_plain, "qlower"),
 }
+
+
+def _do_bench(fn, device: str) -> float:
+    """Median milliseconds: triton's do_bench on CUDA, a plain timer elsewhere (for dry runs)."""
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=50, rep=300)
+    import statistics
+    import time
+
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def cuda_quick(
+    out: str | None = None,
+    device: str = "cuda",
+    k: int = 4096,
+    n: int = 14336,
+    ms: tuple[int, ...] = (1, 16, 4096),
+) -> dict[str, object]:
+    """H200 check of the issue's target in one short run: M=4096, 4096->14336 (and M=1, 16), bf16 F.linear vs
+    qlower's `_int_mm` lowering (kernel_preference=ATEN), qlower AUTO and stock compile; rotating weights."""
+    import json
+
+    import qlower
+
+    rotate = 8
+    sets = [make_weights(k, n, device, seed) for seed in range(rotate)]
+    opts = dict(families=(FAMILY,))
+    variants = {
+        "bf16": bf16_linear,
+        "stock": torch.compile(dynamic_int8_linear, dynamic=False),
+        "qlower_aten": torch.compile(
+            dynamic_int8_linear_plain,
+            dynamic=False,
+            options=qlower.inductor_options(**opts, kernel_preference="aten"),
+        ),
+        "qlower_auto": torch.compile(
+            dynamic_int8_linear_plain, dynamic=False, options=qlower.inductor_options(**opts)
+        ),
+    }
+    results: dict[str, object] = {}
+    for m in ms:
+        x = torch.randn(1, m, k, device=device, dtype=DTYPE)
+        ref = dynamic_int8_linear(x, sets[0]).float()
+        times = {}
+        for name, fn in variants.items():
+            with torch.no_grad():
+                y = fn(x, sets[0]).float()
+                if name.startswith("qlower"):
+                    results[f"M={m} {name} lowering"] = [d.lowering for d in qlower.last_report()]
+                results[f"M={m} {name} rel_err"] = ((y - ref).abs().max() / ref.abs().max()).item()
+                calls = iter(range(10**9))
+                times[name] = 1e3 * _do_bench(
+                    lambda fn=fn, x=x, calls=calls: fn(x, sets[next(calls) % rotate]), device
+                )
+        for name, us in times.items():
+            results[f"M={m} {name} us"] = round(us, 1)
+            results[f"M={m} {name} vs bf16"] = round(times["bf16"] / us, 3)
+    text = json.dumps(results, indent=1)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    import sys
+
+    torch._inductor.config.fx_graph_cache = False
+    cuda_quick(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -186,10 +186,17 @@ def test_torchao_compiled_prologue_and_epilogue_fused():
     assert err <= 1.05 * eager_err, (err, eager_err)
 
 
-def test_freezing_keeps_int_mm_not_onednn_qlinear():
-    """With freezing, Inductor rewrites `convert(_int_mm(x, w_const)) * s * s` to oneDNN qlinear, measured
-    20-90x slower than `_int_mm` on the CI CPU (BENCHMARKS.md): qlower's epilogue keeps `_int_mm`."""
-    model = IntMMReciprocal(K, N, bias=False)  # the explicit .to(float32) upstream's pattern needs
+def _qlinear_input_dtype(code: str) -> str:
+    """The C++ type of the buffer the generated code passes to onednn.qlinear_pointwise as x."""
+    x = re.search(r"onednn\.qlinear_pointwise\.\w+\((\w+),", code).group(1)
+    return re.search(rf"{x} = empty_strided_cpu\(.*?, torch\.(\w+)\)", code).group(1)
+
+
+def test_freezing_picks_u8_qlinear_never_s8():
+    """With frozen weights, Inductor rewrites `convert(_int_mm(x, w_const)) * s * s` to an s8 oneDNN qlinear
+    (37.5 s for one M=128, 4096^2 call on the CI CPU); qlower emits the u8 qlinear on a weight prepacked at
+    compile time (10.5 ms there; bf16 21.4 ms) on VNNI CPUs, `_int_mm` elsewhere."""
+    model = IntMMReciprocal(K, N, bias=True)  # the explicit .to(float32) upstream's pattern needs
     x = _x(5)
     with torch.no_grad(), torch._inductor.config.patch(freezing=True):
         eager = model(x)
@@ -197,9 +204,28 @@ def test_freezing_keeps_int_mm_not_onednn_qlinear():
         _, (stock_code,) = run_and_get_code(torch.compile(model), x)
         torch._dynamo.reset()
         out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
-    assert "qlinear_pointwise" in stock_code  # what freezing does without qlower
-    assert "qlinear" not in code and "extern_kernels._int_mm" in code
+    assert _qlinear_input_dtype(stock_code) == "int8"  # what freezing does without qlower
+    (d,) = qlower.last_report()
+    if cpu_int8_isa() == "vnni":
+        assert d.lowering == "onednn.qlinear_pointwise.u8"
+        assert _qlinear_input_dtype(code) == "uint8" and "ops.onednn.qlinear_prepack" not in code  # folded
+    else:
+        assert d.lowering == "aten._int_mm" and "qlinear" not in code
     assert "_frozen_param" in code
+    check_close(out, eager, model.reference(x))
+
+
+def test_freezing_through_options_only_is_not_frozen(monkeypatch):
+    """options={"freezing": True} does not freeze nn.Module parameters (Dynamo reads the global config), so
+    no prepacked-weight lowering may be chosen: it would re-pack the weight on every call."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+    model, x = IntMMDivide(K, N), _x(5)
+    with torch.no_grad():
+        out = torch.compile(model, options=qlower.inductor_options(freezing=True))(x)
+        eager = model(x)
+    (d,) = qlower.last_report()
+    assert d.lowering == "aten._int_mm.u8s8"
+    assert "the weight is not a constant" in d.reason
     check_close(out, eager, model.reference(x))
 
 
