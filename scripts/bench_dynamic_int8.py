@@ -70,12 +70,46 @@ def bf16_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.linear(x, w["bf16"])
 
 
+class _Linear(torch.nn.Module):
+    """One weight set as buffers: what freezing turns into constants."""
+
+    def __init__(self, w: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.register_buffer("q", w["q"])
+        self.register_buffer("s", w["s"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dynamic_int8_linear_plain(x, {"q": self.q, "s": self.s})
+
+
+class Frozen:
+    """fn(x, weights) for a deployment with `torch._inductor.config.freezing = True`: one module per weight
+    set, compiled (per shape) with its weights frozen into constants. `qlower=False`: stock compile."""
+
+    def __init__(self, qlower: bool) -> None:
+        self.qlower = qlower
+        self.compiled: dict[int, object] = {}
+
+    def __call__(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        import qlower
+
+        key = id(w["q"])
+        if key not in self.compiled:
+            opts = qlower.inductor_options(families=(FAMILY,)) if self.qlower else {}
+            self.compiled[key] = torch.compile(_Linear(w), dynamic=False, options=opts)
+        with torch._inductor.config.patch(freezing=True):
+            return self.compiled[key](x)  # type: ignore[operator]
+
+
 # name -> (fn, how to run it): None = eager, "stock" = torch.compile, "qlower" = torch.compile + qlower.
+# The *_frozen variants compile themselves (freezing on: weights are constants, as in a CPU deployment).
 VARIANTS = {
     "bf16": (bf16_linear, None),
     "stock": (dynamic_int8_linear, "stock"),
     "eager_int8": (dynamic_int8_linear, None),
     "qlower": (dynamic_int8_linear_plain, "qlower"),
+    "stock_frozen": (Frozen(qlower=False), None),
+    "qlower_frozen": (Frozen(qlower=True), None),
 }
 
 
