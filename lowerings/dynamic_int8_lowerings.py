@@ -7,9 +7,10 @@
       16    4.89   7.28        4.36        3.44                   2.01
       128  21.37  15.48       12.71       11.79                  10.48                   ~37 000
 
-  Weight a constant (freezing, M >= 2): u8 oneDNN qlinear on a weight prepacked once at compile time.
-  Otherwise, M >= 2: u8s8 `_int_mm` (x_q + 128 as uint8, minus 128 * colsum(w), ~0.7 ms more for the sums;
-  s8s8 re-packs the [N, K] weight every call); M = 1: s8s8 `_int_mm` (a GEMV path). Inductor's own freezing
+  Weight a constant (freezing, M >= 2): u8 oneDNN qlinear on a weight prepacked once at compile time (it
+  also won at K = 1024..2816, by 3-45%). Otherwise, M >= 2 and K >= 4096: u8s8 `_int_mm` (x_q + 128 as
+  uint8, minus 128 * colsum(w), ~0.7 ms more for the sums; s8s8 re-packs the [N, K] weight every call, which
+  costs most at large K: s8 won at K <= 2816, u8 at K = 4096, 8192); else s8s8 `_int_mm` (M = 1: a GEMV). Inductor's own freezing
   rewrite of `convert(_int_mm(x, w)) * s * s` makes an s8 qlinear, which took 37.5 s for one M=128 call:
   qlower's epilogue never has that shape. AMX CPUs: s8s8 `_int_mm` (what torchao picks there too).
 - CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
@@ -35,6 +36,7 @@ from .registry import Lowering
 CUDA_MIN_M = 17  # cuBLASLt int8: self.size(0) > 16
 CUDA_KN_MULTIPLE = 8
 CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums
+CPU_U8_MIN_K = 4096  # below: s8s8 `_int_mm` was faster (K = 1024, 2048, 2816); u8s8 won at K = 4096, 8192
 
 
 def cpu_int8_isa() -> str:
@@ -115,6 +117,8 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
         return f"u8s8 only pays on VNNI CPUs without AMX (this CPU: {isa})"
     if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
         return f"M={int(rec.m)} < {CPU_U8_MIN_M}: s8s8 takes a GEMV path as fast, without column sums"
+    if rec.k < CPU_U8_MIN_K:
+        return f"K={rec.k} < {CPU_U8_MIN_K}: s8s8 measured faster (its weight re-pack only hurts at large K)"
     return None
 
 

@@ -32,8 +32,8 @@ from qlower.lowerings.dynamic_int8_lowerings import DYNAMIC_INT8_INT_MM_CUDA, cp
 
 FAMILY = ("dynamic_int8",)
 K, N = 96, 48
-# what AUTO picks on this CPU for M >= 2 (u8s8 on VNNI without AMX)
-CPU_LOWERING = "aten._int_mm.u8s8" if cpu_int8_isa() == "vnni" else "aten._int_mm"
+# what AUTO picks on this CPU for M >= 2, K >= 4096 without freezing (u8s8 on VNNI without AMX)
+CPU_LOWERING_LARGE_K = "aten._int_mm.u8s8" if cpu_int8_isa() == "vnni" else "aten._int_mm"
 
 FORMS = [
     (IntMMDivide, {}),
@@ -73,12 +73,14 @@ def check_close(test_out: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor
     assert (test_out.double() - eager.double()).abs().max().item() <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("isa, lowering", [("none", "aten._int_mm"), ("vnni", "aten._int_mm.u8s8")])
+@pytest.mark.parametrize(
+    "isa, k, lowering", [("none", K, "aten._int_mm"), ("vnni", 4096, "aten._int_mm.u8s8")]
+)
 @pytest.mark.parametrize("form, kw", FORMS, ids=lambda v: getattr(v, "__name__", str(v)))
-def test_forms_lowered_match_eager_and_float64(form, kw, isa, lowering, monkeypatch):
+def test_forms_lowered_match_eager_and_float64(form, kw, isa, k, lowering, monkeypatch):
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
-    model = form(K, N, **kw)
-    x = _x(5)
+    model = form(k, N, **kw)
+    x = _x(5, k)
     out, report = rewrite_and_run(model, x, families=FAMILY)
     assert [d.lowering for d in report] == [lowering], report
     with torch.no_grad():
@@ -86,7 +88,7 @@ def test_forms_lowered_match_eager_and_float64(form, kw, isa, lowering, monkeypa
 
 
 @pytest.mark.parametrize("form, kw", [(IntMMDivide, {}), (AsymInt32, {}), (PT2E, {"asymmetric": True})])
-@pytest.mark.parametrize("k", [K, 2100])  # 2100 > 1024: the emulated path sums chunks in int32
+@pytest.mark.parametrize("k", [K, 4100])  # 4100: u8s8 on VNNI; the emulated path sums 5 chunks in int32
 def test_emulated_is_bit_exact_to_int_mm(form, kw, k, monkeypatch):
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")  # u8s8 vs the fp32 chunks: both exact integers
     model, x = form(k, N, **kw), _x(3, k)
@@ -162,12 +164,12 @@ def _kernel_calls(code: str) -> list[str]:
 
 
 def test_torchao_compiled_prologue_and_epilogue_fused():
-    model = torchao_linear(K, N, bias=True)
-    x = _x(5).to(torch.bfloat16)
+    model = torchao_linear(4096, N, bias=True)  # K = 4096: the u8s8 path on VNNI CPUs
+    x = _x(5, 4096).to(torch.bfloat16)
     with torch.no_grad():
         eager = model(x)
         out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
-    assert [d.lowering for d in qlower.last_report()] == [CPU_LOWERING]
+    assert [d.lowering for d in qlower.last_report()] == [CPU_LOWERING_LARGE_K]
     calls = _kernel_calls(code)
     # one fused kernel quantizes x (amax reduction + round/clamp/int8, + 128 as uint8 for u8s8), `_int_mm`, one
     # fused rescale kernel (u8s8: the weight's column sums are computed inside it)
@@ -219,7 +221,7 @@ def test_freezing_through_options_only_is_not_frozen(monkeypatch):
     """options={"freezing": True} does not freeze nn.Module parameters (Dynamo reads the global config), so
     no prepacked-weight lowering may be chosen: it would re-pack the weight on every call."""
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
-    model, x = IntMMDivide(K, N), _x(5)
+    model, x = IntMMDivide(4096, N), _x(5, 4096)
     with torch.no_grad():
         out = torch.compile(model, options=qlower.inductor_options(freezing=True))(x)
         eager = model(x)
@@ -248,4 +250,4 @@ def test_dynamic_m_compiled():
             x = _x(m)
             check_close(fn(x), model(x), model.reference(x))
     (d,) = qlower.last_report()
-    assert d.lowering == CPU_LOWERING and isinstance(d.shape[0], torch.SymInt)
+    assert d.lowering == "aten._int_mm" and isinstance(d.shape[0], torch.SymInt)  # K < 4096: s8s8

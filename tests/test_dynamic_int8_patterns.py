@@ -254,16 +254,16 @@ class TestCpuU8S8(expecttest.TestCase):
         monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
 
     def test_u8s8_with_compensation(self):
-        text, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(4, 64))
+        text, report = lowered(IntMMDivide(4096, 32, bias=False), torch.randn(4, 4096))
         self.assertEqual(report.entries[0].lowering, "aten._int_mm.u8s8")
         self.assertExpectedInline(
             text[text.index("convert_element_type:") :],
             """\
-convert_element_type: int8[4, 64] = prims.convert_element_type(clamp_max, int8)
-convert_element_type_default: int32[4, 64] = prims.convert_element_type(convert_element_type, int32)
-add_tensor: int32[4, 64] = aten.add.Tensor(convert_element_type_default, 128)
-convert_element_type_default_1: uint8[4, 64] = prims.convert_element_type(add_tensor, uint8)
-permute_default: int8[64, 32] = aten.permute(arg1_1, [1, 0])
+convert_element_type: int8[4, 4096] = prims.convert_element_type(clamp_max, int8)
+convert_element_type_default: int32[4, 4096] = prims.convert_element_type(convert_element_type, int32)
+add_tensor: int32[4, 4096] = aten.add.Tensor(convert_element_type_default, 128)
+convert_element_type_default_1: uint8[4, 4096] = prims.convert_element_type(add_tensor, uint8)
+permute_default: int8[4096, 32] = aten.permute(arg1_1, [1, 0])
 _int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_1, permute_default)
 sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
 reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
@@ -273,14 +273,17 @@ mul_tensor_1: float32[4, 32] = aten.mul.Tensor(sub_tensor, div)
 mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
         )
 
-    def test_m1_stays_s8s8(self):
-        _, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(1, 64))
+    def test_m1_and_small_k_stay_s8s8(self):
+        _, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(4, 64))
+        self.assertEqual(report.entries[0].lowering, "aten._int_mm")
+        self.assertIn("K=64 < 4096: s8s8 measured faster", report.entries[0].reason)
+        _, report = lowered(IntMMDivide(4096, 32, bias=False), torch.randn(1, 4096))
         (d,) = report
         self.assertEqual(d.lowering, "aten._int_mm")
         self.assertIn("M=1 < 2: s8s8 takes a GEMV path", d.reason)
 
     def test_asymmetric_on_u8s8(self):
-        text, report = lowered(AsymInt32(64, 32, bias=False), torch.randn(4, 64))
+        text, report = lowered(AsymInt32(4096, 32, bias=False), torch.randn(4, 4096))
         self.assertEqual(report.entries[0].lowering, "aten._int_mm.u8s8")
         self.assertExpectedInline(
             after_matmul(text),
