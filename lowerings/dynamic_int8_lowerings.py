@@ -10,9 +10,9 @@
   Weight a constant (freezing, M >= 2): u8 oneDNN qlinear on a weight prepacked once at compile time (it
   also won at K = 1024..2816, by 3-45%). Otherwise, M >= 2 and K >= 4096: u8s8 `_int_mm` (x_q + 128 as
   uint8, minus 128 * colsum(w), ~0.7 ms more for the sums; s8s8 re-packs the [N, K] weight every call, which
-  costs most at large K: s8 won at K <= 2816, u8 at K = 4096, 8192); else s8s8 `_int_mm` (M = 1: a GEMV). Inductor's own freezing
-  rewrite of `convert(_int_mm(x, w)) * s * s` makes an s8 qlinear, which took 37.5 s for one M=128 call:
-  qlower's epilogue never has that shape. AMX CPUs: s8s8 `_int_mm` (what torchao picks there too).
+  costs most at large K: s8 won at K <= 2816, u8 at K = 4096, 8192); else s8s8 `_int_mm` (M = 1: a GEMV).
+  Inductor's own freezing rewrite of `convert(_int_mm(x, w)) * s * s` makes an s8 qlinear, which took 37.5 s
+  for one M=128 call: qlower's epilogue never has that shape. AMX CPUs: s8s8 `_int_mm` (as torchao picks).
 - CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
   them; the operands it gets are row-major x [M, K] and the transposed view of a contiguous [N, K] weight
   (the TN layout cuBLASLt int8 wants). Small or dynamic M is padded to 17 rows (a static pad fuses into the
