@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from pathlib import Path
 
 from torch import fx
@@ -21,6 +22,9 @@ from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
 from . import report as reporting
+
+# Environment variables that change which lowering is chosen or how it is emitted.
+DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS")
 
 
 def _source_files() -> tuple[str, ...]:
@@ -111,8 +115,10 @@ class QLowerPass(CustomGraphPass):
         )
 
     def uuid(self) -> str:
+        """Cache key: qlower's sources, the options, the registered lowerings and the env that steers choices."""
         h = hashlib.sha256(get_hash_for_files(_source_files()))
-        h.update(repr((self.families, self.preference.value, fingerprint())).encode())
+        env = tuple(os.environ.get(name) for name in DECISION_ENV)
+        h.update(repr((self.families, self.preference.value, fingerprint(), env)).encode())
         return h.hexdigest()
 
 

@@ -15,6 +15,10 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 aten = torch.ops.aten
 prims = torch.ops.prims
 
+# Where recognizers evaluate small probe subgraphs on real values (the host running the compiler). This
+# is the only device patterns/ may name: it says where the *compiler* computes, never what a device supports.
+HOST_DEVICE = torch.device("cpu")  # qlower: host-device
+
 VIEW_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 MUL_OPS = (aten.mul.Tensor,)
 ADD_OPS = (aten.add.Tensor,)

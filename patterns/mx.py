@@ -25,6 +25,7 @@ from . import mx_format as fmt
 from .graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
+    HOST_DEVICE,
     VIEW_OPS,
     aten,
     broadcasts_along_last_dim,
@@ -171,7 +172,7 @@ def _evaluate(
     graph: fx.Graph,
     bitcast_is_identity: bool = False,
 ) -> dict[fx.Node, Any]:
-    """Run `nodes` (graph order) on CPU with `leaves` bound, shape arguments rewritten for `new_rows` rows.
+    """Run `nodes` (graph order) on the host with `leaves` bound, shape arguments rewritten for `new_rows` rows.
 
     `bitcast_is_identity` passes same-width `view.dtype` through unchanged (index probes of layouts).
     """
@@ -183,7 +184,7 @@ def _evaluate(
             return env[n]
         v = n.meta.get("val")
         if n.op == "get_attr" and module is not None:
-            return getattr(module, str(n.target)).detach().cpu()
+            return getattr(module, str(n.target)).detach().to(HOST_DEVICE)
         if isinstance(v, torch.SymInt):
             return _hint(v)
         raise _NoShrink(f"no value for {n}")
@@ -196,7 +197,7 @@ def _evaluate(
         args = list(args)
         kwargs = dict(kwargs)
         if "device" in kwargs:
-            kwargs["device"] = torch.device("cpu")
+            kwargs["device"] = HOST_DEVICE
         if "pin_memory" in kwargs:
             kwargs["pin_memory"] = False
         pos = _SHAPE_ARG.get(node.target)
@@ -621,7 +622,7 @@ def find(graph: fx.Graph) -> list[Candidate]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     found: list[Candidate] = []
-    with unset_fake_temporarily():  # the probes run on real CPU tensors, inside Inductor's fake mode
+    with unset_fake_temporarily():  # the probes run on real host tensors, inside Inductor's fake mode
         for node in list(graph.nodes):
             if is_call(node, (aten.mm.default, aten.addmm.default)):
                 cand = _match(node, graph)

@@ -16,7 +16,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _reset_dynamo():
+def _isolated_compiles():
+    """Each test compiles from scratch: no Dynamo state, no FX-graph or AOTAutograd cache hits across tests.
+
+    Cache hits would skip qlower's pass (no report) and, for tensor subclasses without a stable cache hash
+    (torchao's Int8Tensor), can even return another test's graph. Tests of caching turn them back on.
+    """
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
     torch._dynamo.reset()

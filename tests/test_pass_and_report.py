@@ -30,7 +30,9 @@ def test_uuid_is_stable_and_depends_on_options():
 def test_second_identical_compile_hits_fx_graph_cache_and_new_options_miss():
     model = WoqLinear(64, 48, BF16)
     x = torch.randn(2, 64, dtype=BF16)
-    with fresh_cache(), torch.no_grad():
+    caches_on = torch._inductor.config.patch(fx_graph_cache=True)
+    aot_cache_on = torch._functorch.config.patch(enable_autograd_cache=True)
+    with fresh_cache(), caches_on, aot_cache_on, torch.no_grad():
         counters.clear()
         torch.compile(model, options=qlower.inductor_options())(x)
         assert counters["inductor"]["fxgraph_cache_miss"] == 1

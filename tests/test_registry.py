@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import types
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -58,7 +60,9 @@ def test_explicit_preference_the_device_cannot_honour_raises_clear_error():
 
 def test_explicit_aten_on_unsupported_shape_names_the_reason():
     gm = fake_woq_graph("cpu", m=1, k=24)
-    with pytest.raises(qlower.UnsupportedPlatformError, match=r"K % 16 == 0 \(K=24\).*work here: AUTO, EMULATED"):
+    with pytest.raises(
+        qlower.UnsupportedPlatformError, match=r"K % 16 == 0 \(K=24\).*work here: AUTO, EMULATED"
+    ):
         apply_pass(gm, kernel_preference=qlower.KernelPreference.ATEN)
 
 
@@ -76,56 +80,67 @@ def test_unregistered_device_left_alone_under_auto_and_error_when_explicit():
         qlower.register_backend("xpu", saved.lowerings, describe=saved.describe, replace=True)
 
 
-def _ensure_private_device(name: str) -> str:
-    """Rename PrivateUse1 (once per process) and give it the tiny device module fake tensors need."""
-    if torch._C._get_privateuse1_backend_name() == "privateuseone":
-        torch.utils.rename_privateuse1_backend(name)
-    name = torch._C._get_privateuse1_backend_name()
-    if not hasattr(torch, name):
-        mod = types.ModuleType(name)
-        mod.is_available = lambda: True
-        mod.is_initialized = lambda: True
-        mod.current_device = lambda: 0
-        mod.device_count = lambda: 1
-        mod._is_in_bad_fork = lambda: False
-        torch._register_device_module(name, mod)
-    return name
+ONBOARDING_SCRIPT = """
+import types, torch, qlower
+from test_registry import fake_woq_graph
+from qlower.testing import apply_pass
+
+# A PrivateUse1 device qlower does not ship, with the tiny device module fake tensors need.
+torch.utils.rename_privateuse1_backend("qdev")
+mod = types.ModuleType("qdev")
+mod.is_available = lambda: True
+mod.is_initialized = lambda: True
+mod.current_device = lambda: 0
+mod.device_count = lambda: 1
+mod._is_in_bad_fork = lambda: False
+torch._register_device_module("qdev", mod)
+
+calls = []
+
+def emit(graph, rec):
+    calls.append(rec)
+    from qlower.lowerings.woq_int8_emit import emit_int8pack_mm
+    return emit_int8pack_mm(graph, rec)
+
+plugin = qlower.Lowering(
+    name="qdev.packed_woq",
+    family="woq_int8",
+    kind=qlower.KernelPreference.ATEN,
+    supports=lambda rec: None if rec.compute_dtype == torch.bfloat16 else "bf16 only",
+    emit=emit,
+)
+qlower.register_backend("qdev", [plugin])  # the one call: no edit inside qlower
+
+report = apply_pass(fake_woq_graph("qdev", m=8))
+assert [d.lowering for d in report] == ["qdev.packed_woq"], report.table()
+assert report.entries[0].device.startswith("qdev")
+assert len(calls) == 1 and calls[0].shape == (8, 64, 32)
+assert "qdev.packed_woq" in report.table()
+left = apply_pass(fake_woq_graph("qdev", dtype=torch.float16))
+assert left.entries[0].lowering is None and "bf16 only" in left.entries[0].reason
+print("ok")
+"""
 
 
 def test_out_of_tree_backend_onboards_with_one_call():
-    """A device qlower does not ship declares a lowering with one register_backend call: chosen and reported."""
-    device = _ensure_private_device("qdev")
-    calls = []
+    """A device qlower does not ship declares a lowering with one register_backend call: chosen and reported.
 
-    def emit(graph, rec):
-        calls.append(rec)
-        from qlower.lowerings.woq_int8_emit import emit_int8pack_mm
-
-        return emit_int8pack_mm(graph, rec)
-
-    plugin = qlower.Lowering(
-        name="qdev.packed_woq",
-        family="woq_int8",
-        kind=qlower.KernelPreference.ATEN,
-        supports=lambda rec: None if rec.compute_dtype == BF16 else "bf16 only",
-        emit=emit,
+    In a subprocess: renaming PrivateUse1 is permanent for a process and would confuse later compiles.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", ONBOARDING_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
     )
-    qlower.register_backend(device, [plugin])
-    try:
-        gm = fake_woq_graph(device, m=8)
-        report = apply_pass(gm)
-        assert [d.lowering for d in report] == ["qdev.packed_woq"]
-        assert report.entries[0].device.startswith(device)
-        assert len(calls) == 1 and calls[0].shape == (8, 64, 32)
-        assert "qdev.packed_woq" in report.table()
-        left = apply_pass(fake_woq_graph(device, dtype=torch.float16))
-        assert left.entries[0].lowering is None and "bf16 only" in left.entries[0].reason
-    finally:
-        qlower.unregister_backend(device)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_registering_existing_device_ranks_new_lowering_first():
-    first = qlower.Lowering("test.first", "woq_int8", qlower.KernelPreference.EMULATED, lambda r: None, lambda g, r: None)
+    first = qlower.Lowering(
+        "test.first", "woq_int8", qlower.KernelPreference.EMULATED, lambda r: None, lambda g, r: None
+    )
     saved = registry.backends()["cpu"]
     try:
         qlower.register_backend("cpu", [first])
