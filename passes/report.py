@@ -46,6 +46,10 @@ class Report:
 
     compile_id: str | None
     entries: list[Decision] = field(default_factory=list)
+    # False when a compile started but qlower's pass never ran in it: Inductor served the graph from its
+    # FX-graph / AOTAutograd cache (decisions were made, and reported, when it was first compiled), or the
+    # backend was not Inductor.
+    pass_ran: bool = True
 
     def __iter__(self):
         return iter(self.entries)
@@ -75,6 +79,11 @@ class Report:
             )
             for d in self.entries
         ]
+        if not self.pass_ran:
+            return (
+                f"qlower report (compile {self.compile_id}): qlower's pass did not run in this compile "
+                "(served from Inductor's FX-graph/AOTAutograd cache, or not compiled by Inductor)"
+            )
         if not rows:
             return f"qlower report (compile {self.compile_id}): no candidate linears"
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -103,16 +112,43 @@ def _current_compile() -> tuple[str | None, object | None]:
     return (None if cid is None else str(cid)), torch._guards.TracingContext.try_get()
 
 
+def _append(report: Report) -> None:
+    _reports.append(report)
+    del _reports[:-64]
+
+
+def _on_compile_start(args: object) -> None:
+    """Dynamo starts a compile: open its report now, so a compile the pass never sees still has one."""
+    with _lock:
+        _append(Report(str(getattr(args, "compile_id", None)), pass_ran=False))
+        _last_context[:] = []
+
+
 def start_graph() -> Report:
     """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
     cid, context = _current_compile()
     with _lock:
-        same = context is not None and _last_context and _last_context[0] is context
-        if not same or not _reports or _reports[-1].compile_id != cid:
-            _reports.append(Report(cid))
-            del _reports[:-64]
+        last = _reports[-1] if _reports else None
+        if last is not None and not last.pass_ran:  # opened by Dynamo's compile-start callback
+            last.pass_ran = True
+            _last_context[:] = [context]
+            return last
+        same = last is not None and context is not None and _last_context and _last_context[0] is context
+        if not same:
+            _append(Report(cid))
             _last_context[:] = [context]
         return _reports[-1]
+
+
+def watch_compiles() -> None:
+    """Open a report at every Dynamo compile start (idempotent; `torch._dynamo.reset()` drops callbacks, so
+    `inductor_options()` calls this before each compile it configures)."""
+    handler = torch._dynamo.callback_handler
+    if _on_compile_start not in handler.start_callbacks:
+        handler.register_start_callback(_on_compile_start)
+
+
+watch_compiles()
 
 
 def add(report: Report, decision: Decision) -> None:

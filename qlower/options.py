@@ -7,7 +7,7 @@ from typing import Any
 
 from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
-from qlower.passes import QLowerPass
+from qlower.passes import QLowerPass, report
 from qlower.patterns import FAMILIES
 
 
@@ -23,6 +23,7 @@ def inductor_options(
     `torch._inductor.aoti_compile_and_package(ep, inductor_configs=...)`. `families=None` enables every
     family qlower has; extra keyword arguments are further Inductor config entries (e.g. `freezing=True`).
     """
+    report.watch_compiles()  # so a compile served from cache still gets an (honest, empty) report
     fams = tuple(FAMILIES) if families is None else tuple(families)
     if isinstance(kernel_preference, str) and not isinstance(kernel_preference, KernelPreference):
         kernel_preference = KernelPreference[kernel_preference.upper()]

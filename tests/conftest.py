@@ -23,6 +23,7 @@ def _isolated_compiles():
     (torchao's Int8Tensor), can even return another test's graph. Tests of caching turn them back on.
     """
     torch._dynamo.reset()
+    torch.manual_seed(0)
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
         yield
     torch._dynamo.reset()

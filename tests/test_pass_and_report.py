@@ -40,11 +40,37 @@ def test_second_identical_compile_hits_fx_graph_cache_and_new_options_miss():
         torch._dynamo.reset()
         torch.compile(model, options=qlower.inductor_options())(x)
         assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        cached = qlower.last_report()
+        if counters["aot_autograd"]["autograd_cache_hit"]:
+            # Served whole from AOTAutograd's cache: the pass did not run; the report says so, no stale rows.
+            assert not cached.pass_ran and len(cached) == 0 and "did not run" in cached.table()
+        else:  # an FX-graph cache hit still runs the joint pass first
+            assert cached.pass_ran and cached.entries[0].lowering == "aten._weight_int8pack_mm"
         torch._dynamo.reset()
         out = torch.compile(model, options=qlower.inductor_options(kernel_preference="emulated"))(x)
         assert counters["inductor"]["fxgraph_cache_miss"] == 2
         assert qlower.last_report().entries[0].lowering == "dequant_mm"
         torch.testing.assert_close(out, model(x), rtol=2e-2, atol=1e-1)
+
+
+def test_fx_cache_hit_without_aot_cache_still_runs_the_pass():
+    """The joint pass runs before the FX-graph cache lookup: an FX-cache hit still reports every decision."""
+    model = WoqLinear(64, 48, BF16)
+    x = torch.randn(2, 64, dtype=BF16)
+    with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True), torch.no_grad():
+        counters.clear()
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(model, options=qlower.inductor_options())(x)
+            assert qlower.last_report().entries[0].lowering == "aten._weight_int8pack_mm"
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+
+
+def test_report_of_a_compile_the_pass_never_saw_says_so():
+    qlower.inductor_options()  # configuring qlower watches compiles; this one never reaches Inductor
+    torch.compile(lambda x: x + 1, backend="eager")(torch.randn(3))
+    report = qlower.last_report()
+    assert not report.pass_ran and "did not run" in report.table()
 
 
 def test_report_fields_and_table():
@@ -76,7 +102,12 @@ def test_qlower_log_env_prints_decisions():
     )
     env = {**os.environ, "QLOWER_LOG": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__), timeout=300
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(__file__),
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[qlower] woq_int8 cpu" in proc.stderr

@@ -64,7 +64,8 @@ class WoqLinear(nn.Module):
 def assert_close_to_reference(
     out: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, slack: float = 2.0
 ) -> None:
-    """The compiled error vs float64 stays within `slack` x the eager path's own error (plus one ulp)."""
+    """The compiled error vs float64 stays within `slack` x the eager path's own error, or within two ulps of
+    the output's magnitude (both round to the output dtype, in different places)."""
     assert out.shape == eager.shape and out.dtype == eager.dtype, (
         out.shape,
         out.dtype,
@@ -75,4 +76,4 @@ def assert_close_to_reference(
     err = (out.double() - ref).abs().max().item()
     eager_err = (eager.double() - ref).abs().max().item()
     ulp = torch.finfo(out.dtype).eps * ref.abs().max().item()
-    assert err <= slack * eager_err + ulp, f"error {err:.3g} vs eager {eager_err:.3g} (ulp {ulp:.3g})"
+    assert err <= max(slack * eager_err, 2 * ulp), f"error {err:.3g} vs eager {eager_err:.3g} (ulp {ulp:.3g})"
