@@ -6,6 +6,7 @@ Recognizers stay readable when the graph vocabulary lives here, once.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -101,3 +102,71 @@ def numel_of(x: Any) -> int:
     """Number of elements of a node's value (1 for Python numbers)."""
     v = tensor_val(x)
     return 1 if v is None else int(v.numel())
+
+
+@dataclass(frozen=True)
+class MatmulSite:
+    """A 2-D matmul in any of the spellings Inductor's decompositions leave: y [M, N] = x [M, K] @ w [K, N].
+
+    `output` is the node producing y in the matmul's dtype; `nodes` are the nodes that make up the matmul.
+    """
+
+    kind: str  # "mm" | "addmm" | "matvec"
+    output: fx.Node
+    x: fx.Node
+    operand: fx.Node
+    bias: fx.Node | None
+    nodes: tuple[fx.Node, ...]
+
+
+def matmul_site(node: Any) -> MatmulSite | None:
+    """`mm`, `addmm` (beta = alpha = 1), or the matrix-vector form `(x[:, :, None] * w[None]).sum(1)`.
+
+    The last one is what Inductor's `mm` decomposition emits for M == 1 (or N == 1) on GPUs when
+    `coordinate_descent_tuning` is on, which torchao's `quantize_` switches on process-wide; with bf16/fp16
+    inputs it is wrapped in fp32 converts (`pw_cast_for_opmath`).
+    """
+    if is_call(node, (aten.mm.default,)):
+        x, w = node.args[:2]
+        return MatmulSite("mm", node, x, w, None, (node,)) if isinstance(w, fx.Node) else None
+    if is_call(node, (aten.addmm.default,)):
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, w = node.args[:3]
+        return MatmulSite("addmm", node, x, w, bias, (node,)) if isinstance(w, fx.Node) else None
+    return _decomposed_matvec(node)
+
+
+def _decomposed_matvec(node: Any) -> MatmulSite | None:
+    out = node
+    total = node
+    if convert_target_dtype(node) is not None:
+        total = node.args[0]
+    if not is_call(total, (aten.sum.dim_IntList,)) or list(total.args[1]) not in ([1], [-2]):
+        return None
+    if len(total.args) > 2 and total.args[2] or total.kwargs.get("keepdim") or total.kwargs.get("dtype"):
+        return None
+    prod = total.args[0]
+    if not is_call(prod, MUL_OPS) or not has_single_user(prod):
+        return None
+    a, b = prod.args[:2]
+    if not (is_call(a, (aten.unsqueeze.default,)) and is_call(b, (aten.unsqueeze.default,))):
+        return None
+    if a.args[1] == 0 and b.args[1] in (2, -1):
+        a, b = b, a
+    if a.args[1] not in (2, -1) or b.args[1] != 0:
+        return None
+    xa, wb = a.args[0], b.args[0]
+    xv, wv, ov = tensor_val(xa), tensor_val(wb), tensor_val(out)
+    if xv is None or wv is None or ov is None or xv.dim() != 2 or wv.dim() != 2 or ov.dim() != 2:
+        return None
+    nodes = [out, total, prod, a, b] if out is not total else [total, prod, a, b]
+    x = xa
+    if xv.dtype != ov.dtype:  # the fp32 upcast of a bf16/fp16 activation: use the activation itself
+        if convert_target_dtype(xa) is None or tensor_val(xa.args[0]) is None:
+            return None
+        if tensor_val(xa.args[0]).dtype != ov.dtype:
+            return None
+        x = xa.args[0]
+        nodes.append(xa)
+    return MatmulSite("matvec", out, x, wb, None, tuple(nodes))

@@ -1,6 +1,7 @@
 """Weight-only int8 linears: y = (x @ (w_int8 -> float).T) * per-channel scale [+ bias].
 
-Anchored on every `mm`/`addmm` whose weight operand is a dequantized int8 tensor. One structural walk covers
+Anchored on every matmul (`mm`, `addmm`, or the decomposed matrix-vector form; see
+`graph_utils.matmul_site`) whose weight operand is a dequantized int8 tensor. One structural walk covers
 the graph forms users write: gpt-fast (`F.linear(x, w.to(x.dtype)) * s`), scale on the weight
 (`F.linear(x, w.to(x.dtype) * s[:, None])`), torchao `Int8WeightOnlyConfig` after flattening
 (`mm(x, w.t().to(dtype)) * s`), with or without bias, any input rank (views around the mm), scales 1-D or
@@ -20,7 +21,7 @@ from .graph_utils import (
     FLOAT_DTYPES,
     MUL_OPS,
     VIEW_OPS,
-    aten,
+    MatmulSite,
     broadcasts_along_last_dim,
     convert_target_dtype,
     has_single_user,
@@ -28,6 +29,7 @@ from .graph_utils import (
     is_static,
     is_transpose_2d,
     known_eq,
+    matmul_site,
     tensor_val,
 )
 from .record import Candidate, QuantLinear, Rejection
@@ -147,16 +149,8 @@ def _devices(*nodes: Any) -> set[torch.device]:
     return out
 
 
-def _match(mm: fx.Node) -> Candidate | None:
-    if mm.target is aten.addmm.default:
-        bias, x, operand = mm.args[:3]
-        if mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1:
-            return None
-    else:
-        bias = None
-        x, operand = mm.args[:2]
-    if not isinstance(operand, fx.Node):
-        return None
+def _match(site: MatmulSite) -> Candidate | None:
+    mm, x, operand, bias = site.output, site.x, site.operand, site.bias
     path = _trace_weight(operand)
     if path is None:
         return None
@@ -183,7 +177,7 @@ def _match(mm: fx.Node) -> Candidate | None:
 
     # Walk forward: views, one per-channel multiply (if the weight carried none), one bias add.
     scale, out_shape, cur = path.scale, None, mm
-    chain: list[fx.Node] = [mm]
+    chain: list[fx.Node] = list(site.nodes)
     while has_single_user(cur):
         user = next(iter(cur.users))
         uv = tensor_val(user)
@@ -214,7 +208,7 @@ def _match(mm: fx.Node) -> Candidate | None:
     form = "+".join(
         p
         for p in (
-            "addmm" if mm.target is aten.addmm.default else "mm",
+            site.kind,
             "weight_scale"
             if path.scale is not None
             else ("output_scale" if scale is not None else "no_scale"),
@@ -247,8 +241,9 @@ def find(graph: fx.Graph) -> list[Candidate]:
     """Every woq-int8 candidate in `graph`, as records or rejections (non-candidates are not listed)."""
     found: list[Candidate] = []
     for node in list(graph.nodes):
-        if is_call(node, (aten.mm.default, aten.addmm.default)):
-            cand = _match(node)
+        site = matmul_site(node)
+        if site is not None:
+            cand = _match(site)
             if cand is not None:
                 found.append(cand)
     return found

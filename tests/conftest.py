@@ -24,6 +24,11 @@ def _isolated_compiles():
     """
     torch._dynamo.reset()
     torch.manual_seed(0)
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+    saved = torch._inductor.config.get_config_copy()  # torchao's quantize_ flips global Inductor knobs
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
         yield
+    torch._inductor.config.load_config(saved)
     torch._dynamo.reset()

@@ -172,3 +172,16 @@ def test_cuda_graph_with_cpu_scalar_scale():
     assert report.entries[0].lowered and report.entries[0].device.startswith("cuda"), report.table()
     text = graph_summary(gm)
     assert "= aten.mm(" in text and "bfloat16[4, 32]" in text
+
+
+def test_decode_matvec_decomposition_is_still_recognized():
+    """torchao's quantize_ turns on coordinate_descent_tuning process-wide; then Inductor decomposes a GPU
+    mm with M == 1 into (x[:, :, None] * w[None]).sum(1) before qlower's pass. It must still be found."""
+    with torch._inductor.config.patch(coordinate_descent_tuning=True):
+        gm = fake_woq_graph("cuda", m=1)
+    assert "aten.sum" in graph_summary(gm)
+    report = apply_pass(gm)
+    (d,) = report.entries
+    assert d.lowered and d.form.startswith("matvec"), report.table()
+    text = graph_summary(gm)
+    assert "aten.sum" not in text and "aten.unsqueeze" not in text, text
