@@ -38,6 +38,7 @@ from .graph_utils import (
     is_static,
     is_transpose_2d,
     known_eq,
+    tensor_devices,
     tensor_val,
 )
 from .record import ActQuant, Candidate, QuantLinear, Rejection
@@ -452,15 +453,6 @@ def _reciprocal_of(node: Any) -> Any:
     return node.args[0] if is_call(node, (aten.reciprocal.default,)) else None
 
 
-def _devices(*nodes: Any) -> set[torch.device]:
-    out = set()
-    for n in nodes:
-        v = tensor_val(n)
-        if v is not None and v.dim() > 0:
-            out.add(v.device)
-    return out
-
-
 def _match(mm: fx.Node) -> Candidate | None:
     if mm.target is aten.addmm.default:
         bias, a, b = mm.args[:3]
@@ -522,7 +514,7 @@ def _match(mm: fx.Node) -> Candidate | None:
     assert out is not None and outv is not None
     if not outv.dtype.is_floating_point:
         return Rejection(reason=f"result stays {outv.dtype}", **base)
-    if len(_devices(x_op.source, w_op.source, x_scale, w_scale, ep.bias)) > 1:
+    if len(tensor_devices(x_op.source, w_op.source, x_scale, w_scale, ep.bias)) > 1:
         return Rejection(reason="mixed devices", **base)
 
     pro = _describe_prologue(x_op.source)

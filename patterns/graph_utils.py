@@ -98,6 +98,16 @@ def is_static(x: Any) -> bool:
     return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
 
 
+def tensor_devices(*nodes: Any) -> set[torch.device]:
+    """Devices of the non-scalar tensors among `nodes` (0-d tensors may live anywhere, as in eager)."""
+    out = set()
+    for n in nodes:
+        v = tensor_val(n)
+        if v is not None and v.dim() > 0:
+            out.add(v.device)
+    return out
+
+
 def numel_of(x: Any) -> int:
     """Number of elements of a node's value (1 for Python numbers)."""
     v = tensor_val(x)

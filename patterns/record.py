@@ -69,7 +69,9 @@ class QuantLinear:
     act_quant: ActQuant | None = None
     weight_block: int | None = None  # MX: elements per shared scale along K
     form: str = ""  # which graph form matched (for reports and expect-tests)
-    details: dict[str, Any] = field(default_factory=dict)  # family-specific facts (MX: element format, scale layout)
+    details: dict[str, Any] = field(
+        default_factory=dict
+    )  # family-specific facts (MX: element format, scale layout)
 
     @property
     def device(self) -> torch.device:

@@ -30,6 +30,7 @@ from .graph_utils import (
     is_transpose_2d,
     known_eq,
     matmul_site,
+    tensor_devices,
     tensor_val,
 )
 from .record import Candidate, QuantLinear, Rejection
@@ -140,15 +141,6 @@ def _is_float_scalar_or_tensor(x: Any) -> bool:
     return v is not None and v.dtype.is_floating_point
 
 
-def _devices(*nodes: Any) -> set[torch.device]:
-    out = set()
-    for n in nodes:
-        v = tensor_val(n)
-        if v is not None and v.dim() > 0:
-            out.add(v.device)
-    return out
-
-
 def _match(site: MatmulSite) -> Candidate | None:
     mm, x, operand, bias = site.output, site.x, site.operand, site.bias
     path = _trace_weight(operand)
@@ -200,9 +192,9 @@ def _match(site: MatmulSite) -> Candidate | None:
         chain.append(user)
         cur = user
 
-    if len(_devices(x, path.source, scale, bias)) > 1:
+    if len(tensor_devices(x, path.source, scale, bias)) > 1:
         return Rejection(
-            reason=f"mixed devices {sorted(map(str, _devices(x, path.source, scale, bias)))}", **base
+            reason=f"mixed devices {sorted(map(str, tensor_devices(x, path.source, scale, bias)))}", **base
         )
     outv = tensor_val(cur)
     form = "+".join(
