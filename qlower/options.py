@@ -21,7 +21,9 @@ def inductor_options(
 
     Pass the dict to `torch.compile(model, options=...)` or to
     `torch._inductor.aoti_compile_and_package(ep, inductor_configs=...)`. `families=None` enables every
-    family qlower has; extra keyword arguments are further Inductor config entries (e.g. `freezing=True`).
+    family qlower has; extra keyword arguments are further Inductor config entries. Note: to freeze module
+    weights set `torch._inductor.config.freezing = True` globally; Dynamo lifts parameters as graph inputs
+    before per-compile options apply, so `freezing=True` here does not fold weights (qlower detects this).
     """
     report.watch_compiles()  # so a compile served from cache still gets an (honest, empty) report
     fams = tuple(FAMILIES) if families is None else tuple(families)
