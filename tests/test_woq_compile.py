@@ -65,7 +65,8 @@ def test_dynamic_m_switches_kernel_at_run_time():
 def test_freezing_keeps_int8_weight():
     model = WoqLinear(64, 48, BF16, bias=True)
     x = torch.randn(2, 64, dtype=BF16)
-    with torch._inductor.config.patch(freezing=True):  # global: Dynamo decides on freezing before options apply
+    # Global config: Dynamo decides on freezing before per-compile options apply.
+    with torch._inductor.config.patch(freezing=True):
         (out,), code, report = compile_and_run(model, x)
     assert "_frozen_param" in code  # weights really were frozen into constants
     assert report.entries[0].lowering == "aten._weight_int8pack_mm"
