@@ -298,7 +298,9 @@ def test_auto_declines_dynamic_m_and_large_m():
 
 
 @pytest.mark.gpu
-@pytest.mark.skip(reason="segfaults on the H200 (torch 2.11, Triton 3.6) in the AOTI-compiled package; open problem")
+@pytest.mark.skip(
+    reason="segfaults on the H200 (torch 2.11, Triton 3.6) in the AOTI-compiled package; open problem"
+)
 def test_aot_inductor_embeds_kernel():
     import zipfile
 

@@ -153,15 +153,17 @@ reshape_default_1: bfloat16[2, 3, 32] = aten.reshape(mm_default, [2, 3, 32])""",
         self.assertEqual(len(report.lowered), 2)
         self.assertEqual(text.count("= aten._weight_int8pack_mm("), 2)
 
-
     def test_chained_linears_2d(self):
         """The second linear's input is the first one's output node, which lowering the first replaces."""
         a, b = WoqLinear(64, 64, BF16, seed=1), WoqLinear(64, 32, BF16, seed=2)
         text, report = lowered(lambda x: b(a(x)), torch.randn(4, 64, dtype=BF16))
         self.assertEqual(len(report.lowered), 2)
-        self.assertExpectedInline(text, """\
+        self.assertExpectedInline(
+            text,
+            """\
 _weight_int8pack_mm_default: bfloat16[4, 64] = aten._weight_int8pack_mm(arg2_1, arg0_1, arg1_1)
-_weight_int8pack_mm_default_1: bfloat16[4, 32] = aten._weight_int8pack_mm(_weight_int8pack_mm_default, arg3_1, arg4_1)""")
+_weight_int8pack_mm_default_1: bfloat16[4, 32] = aten._weight_int8pack_mm(_weight_int8pack_mm_default, arg3_1, arg4_1)""",
+        )
 
     def test_residual_and_gate_at_m1_are_not_bias_or_scale(self):
         """At M = 1 a residual or gate is [1, 1, N]: it broadcasts along N but is an activation."""
