@@ -17,6 +17,7 @@ from qlower.patterns.record import QuantLinear
 from .dynamic_int8_lowerings import (
     DYNAMIC_INT8_INT_MM_CPU,
     DYNAMIC_INT8_INT_MM_U8_CPU,
+    DYNAMIC_INT8_QLINEAR_CACHED_CPU,
     DYNAMIC_INT8_QLINEAR_CPU,
 )
 from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
@@ -89,6 +90,7 @@ def register() -> None:
             WOQ_INT8_PACKED_BY_M_CPU,
             WOQ_INT8_DEQUANT_MM,
             DYNAMIC_INT8_QLINEAR_CPU,
+            DYNAMIC_INT8_QLINEAR_CACHED_CPU,
             DYNAMIC_INT8_INT_MM_U8_CPU,
             DYNAMIC_INT8_INT_MM_CPU,
             DYNAMIC_INT8_EMULATED,

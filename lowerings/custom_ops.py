@@ -52,3 +52,35 @@ def _(x: torch.Tensor, w_nk: torch.Tensor, min_m: int) -> torch.Tensor:
 
 
 int8_mm_min_m = torch.ops.qlower.int8_mm_min_m.default
+
+
+@torch.library.custom_op("qlower::qlinear_u8_cached", mutates_args=())
+def _qlinear_u8_cached(
+    x_u8: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_is_kn: bool
+) -> torch.Tensor:
+    """(x_u8 [M, K] - 128) @ (w int8 [N, K] * w_scale [N]).T in fp32 with oneDNN's u8s8 qlinear, on a weight
+    packed once and cached while it is unchanged (lowerings/cpu_prepack.py): the speed of a frozen weight
+    without freezing. `w` is the graph's own weight tensor ([K, N] when `w_is_kn`), so the cache sees the
+    same tensor on every call."""
+    from .cpu_prepack import CACHE
+
+    n = w.shape[1] if w_is_kn else w.shape[0]
+    if x_u8.shape[0] == 0:
+        return x_u8.new_empty((0, n), dtype=torch.float32)
+    packed = CACHE.packed(w, w_is_kn)
+    return torch.ops.onednn.qlinear_pointwise.default(
+        x_u8.contiguous(), 1.0, 128, packed, w_scale.contiguous(), None, None,
+        1.0, 0, torch.float32, "none", [], "",
+    )  # fmt: skip
+
+
+@_qlinear_u8_cached.register_fake
+def _(x_u8: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
+    return x_u8.new_empty((x_u8.shape[0], w.shape[1] if w_is_kn else w.shape[0]), dtype=torch.float32)
+
+
+qlinear_u8_cached = torch.ops.qlower.qlinear_u8_cached.default
+
+# Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
+# cache): they never reach a package, so they get no C shim and no C++ kernel.
+PYTHON_RUNTIME_ONLY = frozenset({"qlower::qlinear_u8_cached"})

@@ -201,17 +201,39 @@ def emit_qlinear_u8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """oneDNN qlinear on a prepacked constant weight: (x_q + 128) as uint8 with zero point 128, the weight
     scale applied by the kernel, the per-token scale and bias in the fused epilogue. Only for weights that
     freezing turns into constants: `qlinear_prepack` is then folded once, at compile time."""
+
+    def qlinear(em: _Emitter, x_u8: fx.Node, w_scale: fx.Node) -> fx.Node:
+        inductor_fixes.fake_qlinear_prepack()
+        packed = em.call(torch.ops.onednn.qlinear_prepack.default, weight_nk(em, rec), None)
+        return em.call(
+            torch.ops.onednn.qlinear_pointwise.default,
+            *(x_u8, 1.0, U8_SHIFT, packed, w_scale, None, None, 1.0, 0, torch.float32, "none", [], ""),
+        )
+
+    return _emit_qlinear(graph, rec, qlinear)
+
+
+def emit_qlinear_u8_cached(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """The same u8 qlinear for weights that stay graph inputs: the packing is cached at run time, keyed and
+    checked on the live weight (lowerings/cpu_prepack.py)."""
+
+    def qlinear(em: _Emitter, x_u8: fx.Node, w_scale: fx.Node) -> fx.Node:
+        # the graph's weight itself, not the [N, K] copy: the cache keys on the tensor the caller passes
+        return em.call(custom_ops.qlinear_u8_cached, x_u8, rec.weight, w_scale, rec.weight_layout == "KN")
+
+    return _emit_qlinear(graph, rec, qlinear)
+
+
+def _emit_qlinear(
+    graph: fx.Graph, rec: QuantLinear, qlinear: Callable[[_Emitter, fx.Node, fx.Node], fx.Node]
+) -> fx.Node:
+    """Shift the activation to uint8, call `qlinear` (fp32 [M, N] with the weight scale applied), then the
+    per-token scale, bias, dtype and shape."""
     assert rec.act_quant is not None
     em = _emitter(graph, rec)
-    x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+    x2d = activation_2d(em, rec)
     x_u8 = em.convert(em.call(aten.add.Tensor, em.convert(x2d, torch.int32), U8_SHIFT), torch.uint8)
-    inductor_fixes.fake_qlinear_prepack()
-    packed = em.call(torch.ops.onednn.qlinear_prepack.default, w_nk, None)
-    w_scale = scale_vector(em, rec, torch.float32)
-    y = em.call(
-        torch.ops.onednn.qlinear_pointwise.default,
-        *(x_u8, 1.0, U8_SHIFT, packed, w_scale, None, None, 1.0, 0, torch.float32, "none", [], ""),
-    )
+    y = qlinear(em, x_u8, scale_vector(em, rec, torch.float32))
     y = em.call(aten.mul.Tensor, y, _per_row(em, rec.act_quant.x_scale, torch.float32))
     if rec.bias is not None:
         y = em.call(aten.add.Tensor, y, em.reshape(rec.bias, [rec.n]))

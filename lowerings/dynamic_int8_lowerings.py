@@ -25,11 +25,20 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import fx
+from torch._inductor.virtualized import V
 
-from qlower.patterns.graph_utils import is_static
+from qlower.patterns.graph_utils import aten, is_static
 from qlower.patterns.record import QuantLinear
 
-from .dynamic_int8_emit import emit_int_mm, emit_qlinear_u8, make_emit_int_mm_min_m, make_emit_int_mm_u8
+from . import cpu_prepack
+from .dynamic_int8_emit import (
+    emit_int_mm,
+    emit_qlinear_u8,
+    emit_qlinear_u8_cached,
+    make_emit_int_mm_min_m,
+    make_emit_int_mm_u8,
+)
 from .preference import KernelPreference
 from .registry import Lowering
 
@@ -37,6 +46,10 @@ CUDA_MIN_M = 17  # cuBLASLt int8: self.size(0) > 16
 CUDA_KN_MULTIPLE = 8
 CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums
 CPU_U8_MIN_K = 4096  # below: s8s8 `_int_mm` was faster (K = 1024, 2048, 2816); u8s8 won at K = 4096, 8192
+# Cached-prepack qlinear: a fixed ~55 us per call (custom op + oneDNN); it won from K*N = 2^22 int8 weights on
+# (M=16: 394 vs 806 us at 2048^2, 364 vs 987 us at 4096x1024), tied at 1024^2 and lost below (63 vs 10 us
+# at 256^2). 1 thread, CI CPU, single calls.
+CPU_CACHED_MIN_WEIGHT = 2**22
 
 
 def cpu_int8_isa() -> str:
@@ -88,7 +101,20 @@ def weight_is_frozen(rec: QuantLinear) -> bool:
     return placeholders.index(node) < len(params)
 
 
-def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
+_VIEW_OPS = (aten.permute.default, aten.t.default, aten.view.default, aten._unsafe_view.default)
+
+
+def weight_is_stored(rec: QuantLinear) -> bool:
+    """Whether the weight is a graph input or attribute (through views only): the same tensor on every call,
+    so a run-time cache keyed on it can hit. A weight computed in the graph is new on every call."""
+    node = rec.weight
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _VIEW_OPS:
+        node = node.args[0]
+    return isinstance(node, fx.Node) and node.op in ("placeholder", "get_attr")
+
+
+def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
+    """What both u8 qlinear lowerings need: int8 symmetric operands, a VNNI CPU without AMX, oneDNN, M >= 2."""
     why = _int8_operands(rec)
     if why:
         return why
@@ -103,8 +129,30 @@ def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
         return "zero points (the _int_mm lowerings compensate them)"
     if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
         return f"M={int(rec.m)} < {CPU_U8_MIN_M}: the _int_mm GEMV path is faster"
+    return None
+
+
+def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
+    why = _qlinear_u8_rules(rec)
+    if why:
+        return why
     if not weight_is_frozen(rec):
         return "the weight is not a constant (needs freezing): a prepacked weight must fold at compile time"
+    return None
+
+
+def _supports_cpu_qlinear_cached(rec: QuantLinear) -> str | None:
+    why = _qlinear_u8_rules(rec)
+    if why:
+        return why
+    if not cpu_prepack.enabled():
+        return f"the run-time prepack cache is off ({cpu_prepack.ENV_SWITCH}=0)"
+    if V.aot_compilation:
+        return "AOTInductor: the package has no Python run time for the cache (the C shims cover _int_mm)"
+    if not weight_is_stored(rec):
+        return "the weight is computed in the graph (a new tensor every call, so a cache could never hit)"
+    if not (is_static(rec.k) and is_static(rec.n)) or rec.k * rec.n < CPU_CACHED_MIN_WEIGHT:
+        return f"K*N={rec.k}*{rec.n} < 2^22: the cached qlinear's fixed cost outweighs the re-pack it saves"
     return None
 
 
@@ -149,6 +197,15 @@ DYNAMIC_INT8_QLINEAR_CPU = Lowering(
     supports=_supports_cpu_qlinear,
     emit=emit_qlinear_u8,
     doc="oneDNN u8s8 qlinear on a weight prepacked at compile time (freezing), per-token scale in the epilogue",
+)
+
+DYNAMIC_INT8_QLINEAR_CACHED_CPU = Lowering(
+    name="qlower.qlinear_u8_cached",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_qlinear_cached,
+    emit=emit_qlinear_u8_cached,
+    doc="oneDNN u8s8 qlinear on a weight packed at the first call and cached while unchanged (no freezing)",
 )
 
 DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(

@@ -24,7 +24,7 @@ from qlower.patterns.graph_utils import tensor_val
 from . import report as reporting
 
 # Environment variables that change which lowering is chosen or how it is emitted.
-DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS")
+DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS", "QLOWER_CPU_PREPACK_CACHE")
 
 
 def _source_files() -> tuple[str, ...]:

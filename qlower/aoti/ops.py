@@ -90,16 +90,20 @@ def op_from_name(qualified: str) -> ShimOp:
 
 
 def qlower_ops() -> list[ShimOp]:
-    """qlower's own operators currently registered (importing qlower registers them), except triton_ops:
-    qlower emits those already decomposed into Triton kernel calls, which Inductor compiles into the package."""
+    """qlower's own operators currently registered (importing qlower registers them), except triton_ops
+    (qlower emits those already decomposed into Triton kernel calls, which Inductor compiles into the package)
+    and the ops whose lowerings refuse AOTInductor compiles (`custom_ops.PYTHON_RUNTIME_ONLY`)."""
     from torch._library.triton import triton_ops_to_kernels
 
     import qlower  # noqa: F401  (registers the lowerings and their custom ops)
+    from qlower.lowerings.custom_ops import PYTHON_RUNTIME_ONLY
 
     names = sorted(
         n
         for n in torch._C._dispatch_get_all_op_names()
-        if n.startswith("qlower::") and n.split(".")[0] not in triton_ops_to_kernels
+        if n.startswith("qlower::")
+        and n.split(".")[0] not in triton_ops_to_kernels
+        and n.split(".")[0] not in PYTHON_RUNTIME_ONLY
     )
     return [op_from_name(n) for n in names]
 

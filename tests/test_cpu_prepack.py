@@ -1,0 +1,145 @@
+"""The CPU run-time prepack cache (unfrozen dynamic-int8 weights): it is used, and it is never stale.
+
+A stale packed weight would silently give wrong numbers, so every way a weight can change between calls is
+tried: in-place writes, `copy_`, `.data` swaps, views, inference tensors, and the weight dying.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from dynamic_int8_forms import AsymInt32, IntMMDivide, rewrite_and_run
+from torch._inductor.utils import run_and_get_code
+
+import qlower
+from qlower.lowerings.cpu_prepack import CACHE, PrepackCache
+from qlower.quantize import quantize_per_row_int8
+from qlower.testing import apply_pass, trace_for_inductor
+
+FAMILY = ("dynamic_int8",)
+K = N = 2048  # 4 MiB of int8: the smallest weight the cached lowering takes (CPU_CACHED_MIN_WEIGHT)
+CACHED = "qlower.qlinear_u8_cached"
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def _vnni(monkeypatch):
+    """The lowering is ranked for VNNI CPUs without AMX (the CI CPU); oneDNN runs it on any x86 CPU."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        yield
+
+
+def _x(m: int = 5, seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, m, K, generator=torch.Generator().manual_seed(seed))
+
+
+def _new_int8(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return quantize_per_row_int8(torch.randn(N, K, generator=g) * K**-0.5)[0]
+
+
+def _assert_matches_eager(out: torch.Tensor, model: torch.nn.Module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        eager = model(x)
+    scale = eager.abs().max().item()
+    assert (out - eager).abs().max().item() <= 1e-5 * scale
+    ref = model.reference(x)
+    assert (out.double() - ref).abs().max().item() <= 1.02 * (eager.double() - ref).abs().max().item() + 1e-6
+
+
+# ------------------------------------------------------------------------------------------------- cache unit
+def _packed_of(cache: PrepackCache, w: torch.Tensor, kn: bool = False) -> torch.Tensor:
+    return cache.packed(w, kn)
+
+
+def test_same_weight_packs_once_and_changes_repack():
+    cache, w = PrepackCache(), _new_int8(0)
+    p1 = _packed_of(cache, w)
+    assert _packed_of(cache, w) is p1 and cache.packs == 1
+    w.add_(0)  # an in-place write, even a no-op one, bumps the version counter
+    assert _packed_of(cache, w) is not p1 and cache.packs == 2
+    w.copy_(_new_int8(1))  # load_state_dict writes this way
+    _packed_of(cache, w)
+    assert cache.packs == 3
+    w.data = _new_int8(2)  # same object, new storage
+    _packed_of(cache, w)
+    assert cache.packs == 4 and len(cache) == 1
+
+
+def test_views_key_on_their_base_and_kn_layout():
+    cache, w = PrepackCache(), _new_int8(0)
+    kn = w.t().contiguous()
+    p1 = _packed_of(cache, kn.t())  # a fresh view object each call, as Inductor's reinterpret_tensor makes
+    assert _packed_of(cache, kn.t()) is p1 and cache.packs == 1
+    _packed_of(cache, kn, kn=True)  # the same storage, now passed as [K, N]: other geometry, packed again
+    assert cache.packs == 2
+
+
+def test_inference_tensors_are_never_cached():
+    cache = PrepackCache()
+    with torch.inference_mode():
+        w = _new_int8(0)
+    _packed_of(cache, w)
+    _packed_of(cache, w)
+    assert cache.packs == 2 and len(cache) == 0
+
+
+def test_entry_dies_with_its_weight():
+    cache, w = PrepackCache(), _new_int8(0)
+    _packed_of(cache, w)
+    assert len(cache) == 1
+    del w
+    gc.collect()
+    assert len(cache) == 0
+
+
+# --------------------------------------------------------------------------------------- through the pass
+def test_chosen_without_freezing_and_follows_weight_updates():
+    model, x = IntMMDivide(K, N), _x()
+    CACHE.clear()
+    packs = CACHE.packs
+    out, report = rewrite_and_run(model, x, families=FAMILY)
+    assert [d.lowering for d in report] == [CACHED], report
+    _assert_matches_eager(out, model, x)
+    fn = torch.compile(model, backend="inductor", options=qlower.inductor_options(families=FAMILY))
+    with torch.no_grad():
+        out, (code,) = run_and_get_code(fn, x)
+        assert "torch.ops.qlower.qlinear_u8_cached.default(" in code
+        _assert_matches_eager(out, model, x)
+        _assert_matches_eager(fn(_x(seed=2)), model, _x(seed=2))
+        assert (
+            CACHE.packs - packs == 1
+        )  # the traced run and the compiled model pass the same buffer: one pack
+        model.q.copy_(_new_int8(7))  # new weights in place: the next call must see them
+        _assert_matches_eager(fn(x), model, x)
+        assert CACHE.packs - packs == 2
+
+
+def test_not_chosen_for_small_weights_zero_points_or_aot():
+    _, report = rewrite_and_run(IntMMDivide(1024, 1024), torch.randn(5, 1024), families=FAMILY)
+    (d,) = report
+    assert d.lowering != CACHED and "< 2^22" in d.reason
+    _, report = rewrite_and_run(AsymInt32(K, N), _x(), families=FAMILY)
+    (d,) = report
+    assert d.lowering == "aten._int_mm" and "zero points" in d.reason  # _int_mm compensates them
+    from torch._inductor.virtualized import V
+
+    gm = trace_for_inductor(IntMMDivide(K, N), _x())
+    with V.set_aot_compilation(True):
+        report = apply_pass(gm, families=FAMILY)
+    (d,) = report
+    assert d.lowering == "aten._int_mm" and "AOTInductor" in d.reason
+
+
+def test_switch_off(monkeypatch):
+    monkeypatch.setenv("QLOWER_CPU_PREPACK_CACHE", "0")
+    _, report = rewrite_and_run(IntMMDivide(K, N), _x(), families=FAMILY)
+    (d,) = report
+    assert d.lowering == "aten._int_mm" and "QLOWER_CPU_PREPACK_CACHE=0" in d.reason
