@@ -46,7 +46,7 @@ def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 3
 INTERPRETER_SCRIPT = """
 import torch
 from qlower.lowerings.triton_kernels import ops
-from qlower.lowerings.triton_kernels.configs import gemv, mm
+from qlower.lowerings.triton_kernels.configs import gemv, mm, tma
 
 torch.manual_seed(0)
 
@@ -80,6 +80,14 @@ for m, k, n in SHAPES:
         r = ref(xq, w, ws, xs, b)
         err = ((out.double() - r).norm() / r.norm()).item()
         assert out.dtype == torch.float16 and err < 2e-3, (m, k, n, str(cfg), err)
+# the persistent TMA kernel (K % 16 == 0, as TMA needs): ragged M and N, more tiles than programs
+for m, k, n, cfg in ((40, 80, 56, tma(16, 16, 32)), (17, 64, 48, tma(16, 32, 16, progs_per_sm=2))):
+    xq = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+    xs, w, ws, b = torch.rand(m, 1) / 127, torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n) / 127, torch.randn(n)
+    out = torch.empty(m, n)
+    ops._launch_tma(cfg, xq, w, ws, xs, b, out)
+    r = ref(xq, w, ws, xs, b)
+    assert ((out.double() - r).norm() / r.norm()).item() < 1e-6, (m, k, n, str(cfg))
 print("ok")
 """
 
@@ -321,8 +329,12 @@ def test_aot_inductor_embeds_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", GPU_M)
-def test_dynamic_int8_under_compile(m):
+@pytest.mark.parametrize(
+    "m, k, n, kernel",
+    [(m, 1000, 520, "qlinear_mm_kernel") for m in GPU_M]
+    + [(1000, 1000, 520, "qlinear_mm_kernel"), (1000, 4096, 1024, "int8_mm_tma_dev_kernel")],
+)  # K = 1000: rows not 16-byte aligned, so the TMA config falls back to the pointer kernel
+def test_dynamic_int8_under_compile(m, k, n, kernel):
     from qlower.lowerings.triton_kernels import ops  # noqa: F401
 
     def model(x, w, s):
@@ -330,11 +342,11 @@ def test_dynamic_int8_under_compile(m):
         xq = torch.round(x.float() / xs).clamp(-128, 127).to(torch.int8)
         return torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, None, x.dtype)
 
-    x, w, s, _, _ = _woq_inputs(m, 1000, 520, torch.bfloat16, bias=False)
+    x, w, s, _, _ = _woq_inputs(m, k, n, torch.bfloat16, bias=False)
     from torch._inductor.utils import run_and_get_code
 
     out, code = run_and_get_code(torch.compile(model), x, w, s)
-    assert "qlinear_mm_kernel" in "\n".join(code)
+    assert kernel in "\n".join(code)
     xs = x.abs().amax(-1, keepdim=True).double() / 127
     ref = (torch.round(x.double() / xs).clamp(-128, 127) @ w.double().t()) * xs * s.double()
     assert _rel(out, ref) < 1e-2

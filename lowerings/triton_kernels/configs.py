@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class KernelConfig:
     """One launch: which kernel, its tile, and Triton's warps / pipeline stages."""
 
-    kernel: str  # "gemv" (FMA, woq-int8 only) or "mm" (tensor cores)
+    kernel: str  # "gemv" (FMA, woq-int8 only), "mm" (tensor cores) or "tma" (Hopper TMA, dynamic-int8 only)
     block_m: int
     block_n: int
     block_k: int
@@ -26,6 +26,7 @@ class KernelConfig:
     group_m: int = 8
     swap_ab: bool = False
     fast_cvt: bool = True
+    progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
 
     def __str__(self) -> str:
         tags = [
@@ -35,6 +36,8 @@ class KernelConfig:
             tags.append(f"splitk{self.split_k}")
         if self.swap_ab:
             tags.append("swap")
+        if self.kernel == "tma":
+            tags.append(f"persistent x{self.progs_per_sm}")
         if self.kernel == "gemv" or not self.fast_cvt:
             tags.append("fastcvt" if self.fast_cvt else "i2f")
         return " ".join(tags)
@@ -57,6 +60,12 @@ def mm(
     fast: bool = True,
 ) -> KernelConfig:
     return KernelConfig("mm", bm, bn, bk, warps, stages, split_k, group_m, swap, fast)
+
+
+def tma(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, progs_per_sm: int = 1) -> KernelConfig:
+    """Hopper int8 GEMM fed by TMA (int8_hopper.py), persistent; the launcher falls back to `mm` where TMA's
+    alignment rules do not hold."""
+    return KernelConfig("tma", bm, bn, bk, warps, stages, progs_per_sm=progs_per_sm)
 
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -88,21 +97,27 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
     (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
 }
+# Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
+# 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
+# two-half TMA store won at M >= 1024 (1223-1407 TOP/s; 128x256 tiles 1263-1290). At M=256 it lost to `mm`
+# (32.8 vs 31.5 us), so buckets <= 512 keep `mm`.
+TMA_LARGE_M = tma(128, 128, 128, 4, 3, progs_per_sm=2)
+TMA_MIN_BUCKET = 1024
 DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 9.2
     (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
     (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
     (64, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.1
     (256, 4096, 4096): mm(64, 128, 128, 4, 4),  # 15.3
-    (1024, 4096, 4096): mm(128, 256, 128, 8, 3),  # 34.4
-    (4096, 4096, 4096): mm(128, 256, 128, 8, 3),  # 130.9
+    (1024, 4096, 4096): TMA_LARGE_M,  # mm(128, 256, 128, 8, 3): 34.4
+    (4096, 4096, 4096): TMA_LARGE_M,  # 99.5 (mm(128, 256, 128, 8, 3): 130.9-132.0)
     (1, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 19.4
     (4, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 17.9
     (16, 4096, 14336): mm(16, 64, 256, 4, 4, swap=True),  # 17.4
     (64, 4096, 14336): mm(64, 128, 256, 4, 4, swap=True),  # 18.7
     (256, 4096, 14336): mm(128, 128, 128, 8, 3),  # 30.7
-    (1024, 4096, 14336): mm(128, 256, 128, 8, 4),  # 128.7
-    (4096, 4096, 14336): mm(128, 256, 128, 8, 4),  # 442.7
+    (1024, 4096, 14336): TMA_LARGE_M,  # 98.3 (mm(128, 256, 128, 8, 4): 128.7-133.6)
+    (4096, 4096, 14336): TMA_LARGE_M,  # 342.0 (mm(128, 256, 128, 8, 4): 442.7-442.8)
 }
 
 # Dynamic M (explicit TRITON preference only): the skinny kernel serves M <= DYNAMIC_M_SPLIT, the tiled one above.
@@ -130,7 +145,9 @@ def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
         return mm(64, 128, 256, 4, 4, swap=True)
     if bucket <= 256:
         return mm(128, 128, 128, 8, 3)
-    return mm(128, 256, 128, 8, 4)
+    if bucket < TMA_MIN_BUCKET:
+        return mm(128, 256, 128, 8, 4)
+    return TMA_LARGE_M
 
 
 def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
@@ -143,8 +160,13 @@ def dynamic_int8_config(m: int, k: int, n: int) -> KernelConfig:
     return DYNAMIC_INT8_TABLE.get((b, k, n)) or _dynamic_rule(b, k, n)
 
 
+# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base, dynamic M): the best `mm`.
+TMA_FALLBACK = mm(128, 256, 128, 8, 4)
+
+
 def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig:
-    """Dynamic M: one launch covers every M of its side (no per-row GEMV, no split-K epilogue)."""
+    """Dynamic M: one launch covers every M of its side (no per-row GEMV, no split-K epilogue, no persistent
+    grid sized from M)."""
     return fallback if (cfg.kernel != "mm" or cfg.split_k > 1) else cfg
 
 
@@ -160,9 +182,7 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
     small = _no_gemv_or_split(
         dynamic_int8_config(DYNAMIC_M_SPLIT, k, n), _dynamic_rule(DYNAMIC_M_SPLIT, k, n)
     )
-    large = _no_gemv_or_split(
-        dynamic_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), _dynamic_rule(_DYNAMIC_LARGE_BUCKET, k, n)
-    )
+    large = _no_gemv_or_split(dynamic_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), TMA_FALLBACK)
     return DYNAMIC_M_SPLIT, small, large
 
 

@@ -14,6 +14,7 @@ from torch.library import triton_op, wrap_triton
 
 from . import configs
 from .configs import KernelConfig
+from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
 
 
@@ -44,6 +45,11 @@ def _launch(
     """One kernel launch; `gate` (1, 0, or a 0/1 SymInt) multiplies the grid so a dynamic-M branch can be off."""
     m = a.shape[0]
     n, k = w.shape  # static (supports() requires it); a's K equals it
+    if cfg.kernel == "tma":
+        if _tma_unsupported(a, w, out, gate) is None:
+            _launch_tma(cfg, a, w, ws, xs, bias, out)
+            return
+        cfg = configs.TMA_FALLBACK
     ws1, s_ws = _flat(ws)
     b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
     even_k = k % cfg.block_k == 0
@@ -65,6 +71,70 @@ def _launch(
         INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
         SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
+    )  # fmt: skip
+
+
+def _aligned(x: Any) -> bool:
+    return _is_static(x) and int(x) % 16 == 0
+
+
+def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: Any) -> str | None:
+    """Why the TMA kernel cannot serve this launch (None: it can). TMA needs sm_90, 16-byte aligned bases and
+    row strides, unit inner strides; the persistent grid needs a static M (and no dynamic-M gate)."""
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+        return "not an sm_90 GPU"
+    if not (_is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
+        return "the persistent grid needs a static, non-zero M"
+    if a.dtype != torch.int8 or w.dtype != torch.int8:
+        return "int8 operands only"
+    if a.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
+        return "inner strides must be 1"
+    for t in (a, w, out):
+        if not (_aligned(t.stride(0) * t.element_size()) and _aligned(t.storage_offset() * t.element_size())):
+            return "rows and bases must be 16-byte aligned"
+    return None
+
+
+def _ensure_allocator() -> None:
+    """Device-built TMA descriptors need Triton's scratch allocator. Inductor's launcher provides one; eager
+    launches get a torch one, unless the user has set their own."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
+    )
+
+
+def _launch_tma(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """The persistent TMA int8 GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles."""
+    _ensure_allocator()
+    m = int(a.shape[0])
+    n, k = w.shape
+    ws1, s_ws = _flat(ws)
+    xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
+    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4  # 4: interpreter
+    wrap_triton(int8_mm_tma_dev_kernel)[(max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)](
+        a, w, out, ws1, xs1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_xs, s_b,
+        HAS_XS=xs is not None, HAS_BIAS=bias is not None, EPI_TMA=True, EPI_SPLIT=2,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
+        WARP_SPEC=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
