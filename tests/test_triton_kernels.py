@@ -26,7 +26,7 @@ from qlower.patterns import FAMILIES
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 TESTS = Path(__file__).resolve().parent
-KERNEL_NAMES = ("qlinear_mm_kernel", "woq_int8_gemv_kernel")
+KERNEL_NAMES = ("qlinear_mm_kernel", "woq_int8_gemv_kernel", "woq_decode_kernel")
 
 
 def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 300) -> str:
@@ -46,7 +46,7 @@ def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 3
 INTERPRETER_SCRIPT = """
 import torch
 from qlower.lowerings.triton_kernels import ops
-from qlower.lowerings.triton_kernels.configs import gemv, mm, tma
+from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, gemv, mm, tma
 
 torch.manual_seed(0)
 
@@ -57,7 +57,10 @@ def ref(a, w, ws, xs, b):
     return r if b is None else r + b.double()
 
 WOQ = [gemv(1, 16, 32), gemv(2, 8, 32, split_k=2), gemv(4, 16, 16, fast=False), mm(16, 16, 32, swap=True),
-       mm(16, 32, 16), mm(32, 16, 32, split_k=3)]
+       mm(16, 32, 16), mm(32, 16, 32, split_k=3),
+       # woq_decode_kernel: cvt 2 (inline PTX) runs as cvt 1 here (ops._decode_cvt), the same kernel otherwise
+       decode_fma(1, 16, 32), decode_fma(1, 8, 64, acc3=True), decode_fma(2, 16, 16), decode_dot(16, 16, 32),
+       decode_dot(16, 32, 16, stages=1)]
 DYN = [mm(16, 16, 32, swap=True), mm(16, 32, 16), mm(32, 16, 32, split_k=2)]
 SHAPES = [(1, 40, 24), (3, 70, 33), (17, 64, 48)]  # K, N off the tile grid; M past one tile
 for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
@@ -98,12 +101,15 @@ def test_kernel_indexing_under_interpreter():
     assert out.strip().endswith("ok")
 
 
-def _lowered_cpu_graph(dynamic: bool, form: str = "gpt_fast", bias: bool = True):
+def _lowered_cpu_graph(
+    dynamic: bool, form: str = "gpt_fast", bias: bool = True, k: int = 64, n: int = 48, m: int = 10
+):
     """Trace a woq linear on CPU and apply the Triton lowering's emit directly (supports() needs CUDA)."""
     from qlower.lowerings.triton_kernels import lowering
 
-    model = WoqLinear(64, 48, torch.bfloat16, form=form, bias=bias)
-    gm = testing.trace_for_inductor(model, torch.randn(2, 5, 64, dtype=torch.bfloat16), dynamic=dynamic)
+    model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias)
+    x = torch.randn(2, 5, k, dtype=torch.bfloat16) if m == 10 else torch.randn(1, m, k, dtype=torch.bfloat16)
+    gm = testing.trace_for_inductor(model, x, dynamic=dynamic)
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = FAMILIES["woq_int8"](gm.graph)
@@ -137,6 +143,27 @@ def test_emits_kernel_launches_not_an_opaque_op(dynamic):
     assert len(launches) == (2 if dynamic else 1) and set(launches) <= set(KERNEL_NAMES), launches
     if dynamic:
         assert "sym_min" in summary and "sym_max" in summary
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "k, n, m, kernel, flags",
+    [
+        (64, 48, 10, "woq_decode_kernel", ("'USE_DOT': True", "'BLOCK_M': 16", "'BLOCK_N': 32")),
+        (64, 48, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': True", "'BLOCK_K': 1024")),
+        (48, 64, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': False", "'BLOCK_N': 16")),
+        (48, 64, 10, "qlinear_mm_kernel", ()),  # N > K at M 2..16: the old `mm` config
+    ],
+)
+def test_decode_configs_emit_decode_kernel(k, n, m, kernel, flags):
+    """Static M <= 16 picks woq_decode_kernel by the configs' rules, launched through wrap_triton (so the graph
+    holds its functional wrapper, not an opaque op); off CUDA the inline-PTX conversion becomes CVT 1."""
+    gm = _lowered_cpu_graph(False, k=k, n=n, m=m)
+    summary = testing.graph_summary(gm)
+    assert _launches(gm) == [kernel], summary
+    assert "qlower.woq_int8_linear" not in summary
+    for flag in (*flags, "'CVT': 1") if kernel == "woq_decode_kernel" else ():
+        assert flag in summary, (flag, summary)
 
 
 @needs_triton
@@ -211,10 +238,16 @@ def _rel(out, ref):
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
+# (M, K, N) where the table picks woq_decode_kernel (inline-PTX conversion): M = 1 fma on the three model
+# shapes, M = 16 swap-AB dot on 14336->4096
+DECODE_POINTS = [(1, 4096, 4096), (1, 4096, 14336), (1, 14336, 4096), (16, 14336, 4096)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,n", GPU_SHAPES)
-@pytest.mark.parametrize("m", GPU_M)
+@pytest.mark.parametrize(
+    "m,k,n", [(m, k, n) for m in GPU_M for k, n in GPU_SHAPES] + DECODE_POINTS[1:]
+)  # DECODE_POINTS[0] is already in the grid
 def test_woq_op_matches_float64(m, k, n, dtype):
     from qlower.lowerings.triton_kernels import ops  # noqa: F401
 
@@ -266,18 +299,27 @@ def _compiled_code(model, xs, dynamic=None, **opts):
     return [out, *rest], "\n".join(code)
 
 
+KERNEL_OF_KIND = {"decode": "woq_decode_kernel", "gemv": "woq_int8_gemv_kernel", "mm": "qlinear_mm_kernel"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["gpt_fast", "kn_weight", "scale_first"])
-@pytest.mark.parametrize("m", GPU_M)
-def test_compile_calls_triton_kernel(form, m):
-    model = WoqLinear(1000, 520, torch.bfloat16, form=form, bias=True).cuda()
-    x = torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("m,k,n", [(m, 1000, 520) for m in GPU_M] + DECODE_POINTS)
+def test_compile_calls_triton_kernel(form, m, k, n):
+    from qlower.lowerings.triton_kernels import configs, ops
+
+    bias = (k, n) == (1000, 520) or m % 2 == 1  # the decode points: M 1 with bias, M 16 without
+    model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias).cuda()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     (out,), code = _compiled_code(model, [x])
     # AUTO takes the Triton kernel up to the measured crossover (M <= 64), the fused dequant + mm above it.
     expected = "triton.woq_int8_linear" if m <= 64 else "dequant_mm"
     assert [d.lowering for d in qlower.last_report()] == [expected], qlower.last_report().table()
     if expected.startswith("triton"):
-        assert any(name in code for name in KERNEL_NAMES)
+        cfg = configs.woq_int8_config(m, k, n)
+        assert KERNEL_OF_KIND[cfg.kernel] in code, str(cfg)  # the table's / rule's kernel for this shape
+        if (m, k, n) in DECODE_POINTS:
+            assert cfg.kernel == "decode" and ops._decode_cvt(cfg.cvt, x) == 2  # inline PTX on the GPU
     assert "torch.ops.qlower" not in code  # compiled in, not a Python fallback
     assert _rel(out, model.reference(x)) < 1e-2
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 class KernelConfig:
     """One launch: which kernel, its tile, and Triton's warps / pipeline stages."""
 
-    kernel: str  # "gemv" (FMA, woq-int8 only), "mm" (tensor cores) or "tma" (Hopper TMA, dynamic-int8 only)
+    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, dynamic-int8 only) or "decode"
+    # (`woq_decode_kernel`, woq-int8 only, static M: FMA, or swap-AB tensor cores when `swap_ab`)
+    kernel: str
     block_m: int
     block_n: int
     block_k: int
@@ -27,8 +29,13 @@ class KernelConfig:
     swap_ab: bool = False
     fast_cvt: bool = True
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
+    cvt: int = 1  # "decode": int8 -> fp32 by the magic number in Triton ops (1) or inline PTX (2; CUDA only)
+    acc3: bool = False  # "decode" FMA at BLOCK_M 1: a [BLOCK_N, BLOCK_K] accumulator reduced once at the end
 
     def __str__(self) -> str:
+        if self.kernel == "decode":  # scripts/gpu_exp_woq.py's variant names
+            s = f"{'dot' if self.swap_ab else 'fma'} {self.block_m}x{self.block_n}x{self.block_k} "
+            return s + f"w{self.num_warps} s{self.num_stages} cvt{self.cvt}" + (" acc3" if self.acc3 else "")
         tags = [
             f"{self.kernel} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
         ]
@@ -68,6 +75,24 @@ def tma(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, progs_per_sm
     return KernelConfig("tma", bm, bn, bk, warps, stages, progs_per_sm=progs_per_sm)
 
 
+def decode_fma(
+    bm: int, bn: int, bk: int, warps: int = 4, stages: int = 1, *, cvt: int = 2, acc3: bool = False
+) -> KernelConfig:
+    """`woq_decode_kernel` on CUDA cores (woq_decode.py): a weight tile converted once for all BM <= 4 rows.
+    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see ops._launch."""
+    return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, cvt=cvt, acc3=acc3)
+
+
+def decode_dot(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 4, *, cvt: int = 2) -> KernelConfig:
+    """`woq_decode_kernel` on swap-AB tensor cores: acc^T = W @ x^T, the weight read once for all M <= BM."""
+    return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, swap_ab=True, cvt=cvt)
+
+
+# scripts/gpu_exp_woq.py's winners (H200, 2026-11-30; names as the script prints them)
+DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
+DECODE_FMA_LONG_K = decode_fma(1, 8, 1024, acc3=True)  # `fma 1x8x1024 w4 s1 cvt2 acc3`
+DECODE_DOT = decode_dot(16, 32, 256)  # `dot 16x32x256 w4 s4 cvt2`
+
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -81,21 +106,29 @@ def m_bucket(m: int) -> int:
 
 # Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
 # sweep of scripts/bench_cuda_kernels.py --sweep). Key: (M bucket, K, N); comment: kernel time in us.
+# The "decode" entries (M <= 16) come from the 2026-11-30 H200 run of scripts/gpu_exp_woq.py (same setup;
+# woq_decode_kernel variants side by side with the config this table held before, "was"; bf16 = cuBLAS bf16).
 WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
-    (1, 4096, 4096): gemv(1, 8, 1024),  # 9.1
-    (4, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),  # 12.9
-    (16, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),  # 12.1
+    (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.98 (was gemv(1, 8, 1024): 8.8; bf16 13.4)
+    (4, 4096, 4096): DECODE_DOT,  # 11.16 (was mm(16, 32, 256, 4, 4, swap=True): 12.3; bf16 13.5)
+    (16, 4096, 4096): DECODE_DOT,  # 10.62 (was mm(16, 32, 256, 4, 4, swap=True): 12.1; bf16 13.5)
     (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5
     (256, 4096, 4096): mm(128, 64, 128, 4, 4),  # 31.4
     (1024, 4096, 4096): mm(128, 128, 64, 8, 4),  # 77.9
     (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
-    (1, 4096, 14336): mm(16, 128, 256, 4, 4),  # 23.7 (second sweep; gemv 1x32x256: 24.0-24.5)
-    (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7
-    (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9
+    (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
+    # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
+    (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7 (27.3 in the decode run; bf16 29.9)
+    (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9 (22.25 in the decode run; bf16 30.0)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4),  # 35.9
     (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5
     (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
     (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
+    (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.78 (was the rule's gemv(1, 8, 1024): 22.1; bf16 31.6)
+    # M 4 / 16, 14336->4096: split-K "sem" (last program reduces) was faster at M=4 (27.8 us) but needs a
+    # persistent zeroed counter buffer, which a functional op cannot keep; no split-K here.
+    (4, 14336, 4096): DECODE_DOT,  # 30.07 (was the rule's mm(16, 64, 256, 4, 4): 43.6; bf16 31.7)
+    (16, 14336, 4096): DECODE_DOT,  # 29.14 (was the rule's mm(16, 64, 256, 4, 4): 43.3; bf16 32.3)
 }
 # Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
 # 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
@@ -125,8 +158,28 @@ DYNAMIC_M_SPLIT = 16
 _DYNAMIC_LARGE_BUCKET = 1024
 
 
+def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
+    """Static M <= 16 off the table: woq_decode_kernel where it won in scripts/gpu_exp_woq.py (None: `mm`).
+
+    M = 1: 1x8x1024 acc3 won both measured shapes with K >= N (4096->4096, 14336->4096), 1x16x512 the one with
+    N > K (4096->14336). With N not larger than K, 8-row tiles give twice the programs (512 at N = 4096, ~4
+    waves on 132 SMs, vs 256 for 16 rows) and each walks a long K, where the 2-D accumulator (one reduction
+    at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
+    itself was measured (acc3 won), so the switch is at K >= N rather than K >= 2N; nothing was measured
+    between K = N and N = 3.5 K.
+    M 2..16: the swap-AB dot kernel won every measured shape with K >= N (its 16-row tile serves any M <= 16
+    alike, so buckets 2 and 8 follow 4 and 16); with N > K the old `mm` configs stayed faster.
+    """
+    if bucket == 1:
+        return DECODE_FMA_LONG_K if k >= n else DECODE_FMA_WIDE
+    if bucket <= 16 and k >= n:
+        return DECODE_DOT
+    return None
+
+
 def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
-    """Shapes the sweep did not cover: the configs that were good on both swept (K, N)."""
+    """Shapes the sweep did not cover, pointer kernels only (the dynamic-M fallbacks): the configs that were
+    good on both swept (K, N)."""
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
@@ -151,8 +204,9 @@ def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
 
 
 def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
+    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule."""
     b = m_bucket(m)
-    return WOQ_INT8_TABLE.get((b, k, n)) or _woq_rule(b, k, n)
+    return WOQ_INT8_TABLE.get((b, k, n)) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
 
 
 def dynamic_int8_config(m: int, k: int, n: int) -> KernelConfig:
@@ -166,12 +220,21 @@ TMA_FALLBACK = mm(128, 256, 128, 8, 4)
 
 def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig:
     """Dynamic M: one launch covers every M of its side (no per-row GEMV, no split-K epilogue, no persistent
-    grid sized from M)."""
+    grid sized from M, and no "decode" kernel: its configs were measured and chosen for a static M)."""
     return fallback if (cfg.kernel != "mm" or cfg.split_k > 1) else cfg
 
 
+# The `mm` configs the "decode" table entries replaced: dynamic M still takes them (its skinny launch).
+_WOQ_MM_BEFORE_DECODE: dict[tuple[int, int, int], KernelConfig] = {
+    (16, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),
+}
+
+
 def woq_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
-    small = _no_gemv_or_split(woq_int8_config(DYNAMIC_M_SPLIT, k, n), _woq_rule(DYNAMIC_M_SPLIT, k, n))
+    small = _no_gemv_or_split(
+        woq_int8_config(DYNAMIC_M_SPLIT, k, n),
+        _WOQ_MM_BEFORE_DECODE.get((DYNAMIC_M_SPLIT, k, n)) or _woq_rule(DYNAMIC_M_SPLIT, k, n),
+    )
     large = _no_gemv_or_split(
         woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), _woq_rule(_DYNAMIC_LARGE_BUCKET, k, n)
     )

@@ -7,6 +7,7 @@ and no proxy executor at run time. In eager mode the same function launches the 
 Not using `from __future__ import annotations`: `triton_op` infers the schema from the live annotations.
 """
 
+import os
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from . import configs
 from .configs import KernelConfig
 from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
+from .woq_decode import woq_decode_kernel
 
 
 def _cdiv(a: Any, b: int) -> Any:
@@ -54,6 +56,18 @@ def _launch(
     b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
     even_k = k % cfg.block_k == 0
     common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.kernel == "decode":
+        assert a.dtype != torch.int8 and xs is None and cfg.split_k == 1, "decode: woq-int8, no split-K"
+        # grid (N tiles, M tiles, 1): split-K none, so the scratch / counter pointers are never read
+        grid = (_cdiv(n, cfg.block_n) * gate, _cdiv(m, cfg.block_m), 1)
+        wrap_triton(woq_decode_kernel)[grid](
+            a, w, ws1, b1, out, ws1, ws1, m, n, k, k,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+            HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, REDUCE=0, SPLIT_K=1, EVEN_K=even_k,
+            CVT=_decode_cvt(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+        )  # fmt: skip
+        return
     if cfg.kernel == "gemv":
         grid = (_cdiv(n, cfg.block_n) * gate, _cdiv(m, cfg.block_m), cfg.split_k)
         wrap_triton(woq_int8_gemv_kernel)[grid](
@@ -72,6 +86,17 @@ def _launch(
         SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
     )  # fmt: skip
+
+
+def _decode_cvt(cvt: int, a: torch.Tensor) -> int:
+    """The int8 -> fp32 conversion `woq_decode_kernel` gets: inline PTX (2) only on an NVIDIA GPU outside the
+    interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
+    which gives the same values (both are exact)."""
+    if cvt == 2 and (
+        a.device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1"
+    ):
+        return 1
+    return cvt
 
 
 def _aligned(x: Any) -> bool:
@@ -129,7 +154,8 @@ def _launch_tma(
     xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
     b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4  # 4: interpreter
+    # 4 SMs in the interpreter
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
     wrap_triton(int8_mm_tma_dev_kernel)[(max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)](
         a, w, out, ws1, xs1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_xs, s_b,
         HAS_XS=xs is not None, HAS_BIAS=bias is not None, EPI_TMA=True, EPI_SPLIT=2,

@@ -1,4 +1,6 @@
-"""Experimental decode-size (M <= 16) weight-only int8 kernels: candidates to replace the GEMV / swap-AB paths.
+"""Decode-size (M <= 16) weight-only int8 kernels. `ops.woq_int8_linear` launches `woq_decode_kernel` (no
+split-K) where `configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config; the split-K forms and the
+`woq_decode` launcher below serve `scripts/gpu_exp_woq.py`.
 
 At decode sizes a woq-int8 linear is one pass over the int8 weight, so the kernel must keep enough bytes in
 flight per SM to run near HBM bandwidth, spend few instructions per weight byte, and leave no half-empty
