@@ -1,6 +1,7 @@
 """MX linears (MXFP8, MXFP4): y = dequant_mx(x or x_q) @ dequant_mx(w).T [+ bias].
 
-Anchored on every `mm`/`addmm`. An MX dequantization is a multiply of decoded elements by decoded block
+Anchored on every matmul (`mm`, `addmm`, or the decomposed matrix-vector form of M = 1 on GPUs; see
+`graph_utils.matmul_site`). An MX dequantization is a multiply of decoded elements by decoded block
 scales; graphs spell both halves in many ways (torchao's EMULATED MXTensor flattened: bit-twiddled fp4
 unpacking, `pow(2, e - 127)` with a NaN guard, the weight's scales un-swizzled from 128x4 tiles;
 hand-written `q.float().view(N, K // 32, 32) * 2 ** (e - 127)`, `exp2`, `e8m0.float()`,
@@ -27,6 +28,7 @@ from .graph_utils import (
     FLOAT_DTYPES,
     HOST_DEVICE,
     VIEW_OPS,
+    MatmulSite,
     aten,
     broadcasts_along_last_dim,
     convert_target_dtype,
@@ -34,6 +36,7 @@ from .graph_utils import (
     is_call,
     is_static,
     is_transpose_2d,
+    matmul_site,
     prims,
     tensor_val,
 )
@@ -522,21 +525,16 @@ def _forward(mm: fx.Node, bias: Any) -> tuple[fx.Node, list[fx.Node], list[Any] 
     return cur, chain, out_shape, bias
 
 
-def _match(mm: fx.Node, graph: fx.Graph) -> Candidate | None:
-    if mm.target is aten.addmm.default:
-        bias, x, w_op = mm.args[:3]
-        if mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1:
-            return None
-    else:
-        bias = None
-        x, w_op = mm.args[:2]
+def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
+    mm, bias, x, w_op = site.output, site.bias, site.x, site.operand
     if not isinstance(w_op, fx.Node) or not isinstance(x, fx.Node):
         return None
     w = _find_operand(w_op, 1, graph)
     if w is None:
         return None
     xv, mmv = tensor_val(x), tensor_val(mm)
-    assert xv is not None and mmv is not None
+    if xv is None or mmv is None:
+        return None
     m = xv.shape[0]
     if isinstance(w, Rejection):
         w.shape, w.device, w.anchor = (m, tensor_val(w_op).shape[0], tensor_val(w_op).shape[1]), xv.device, mm  # type: ignore[union-attr]
@@ -584,7 +582,7 @@ def _match(mm: fx.Node, graph: fx.Graph) -> Candidate | None:
             "dynamic" if act_quant else "weight_only",
             f"{act_quant.details['elem']}x{w.elem}" if act_quant else w.elem,
             f"w_scale_{w_layout}",
-            "addmm" if mm.target is aten.addmm.default else "mm",
+            site.kind,
             "bias" if bias is not None else "",
             "nd" if out_shape is not None else "",
         )
@@ -604,7 +602,7 @@ def _match(mm: fx.Node, graph: fx.Graph) -> Candidate | None:
         n=n,
         output=out,
         out_shape=out_shape,
-        nodes=tuple(chain + nodes),
+        nodes=tuple(dict.fromkeys(chain + list(site.nodes) + nodes)),
         act_quant=act_quant,
         weight_block=BLOCK,
         form=form,
@@ -617,6 +615,14 @@ def _match(mm: fx.Node, graph: fx.Graph) -> Candidate | None:
     )
 
 
+def _inside_outer_matvec(site: MatmulSite) -> bool:
+    """The `sum` of a matrix-vector form whose dtype convert is a site too: only the outer one is a record."""
+    if site.kind != "matvec" or not has_single_user(site.output):
+        return False
+    outer = matmul_site(next(iter(site.output.users)))
+    return outer is not None and site.output in outer.nodes
+
+
 def find(graph: fx.Graph) -> list[Candidate]:
     """Every MX linear candidate in `graph`, as records or rejections (non-candidates are not listed)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -624,10 +630,12 @@ def find(graph: fx.Graph) -> list[Candidate]:
     found: list[Candidate] = []
     with unset_fake_temporarily():  # the probes run on real host tensors, inside Inductor's fake mode
         for node in list(graph.nodes):
-            if is_call(node, (aten.mm.default, aten.addmm.default)):
-                cand = _match(node, graph)
-                if cand is not None:
-                    found.append(cand)
+            site = matmul_site(node)
+            if site is None or _inside_outer_matvec(site):
+                continue
+            cand = _match(site, graph)
+            if cand is not None:
+                found.append(cand)
     _ORDER_CACHE.clear()
     return found
 

@@ -184,3 +184,24 @@ convert_element_type_default_2: bfloat16[48, 64] = prims.convert_element_type(re
 permute_default: bfloat16[64, 48] = aten.permute(convert_element_type_default_2, [1, 0])
 mm_default: bfloat16[5, 48] = aten.mm(arg2_1, permute_default)""",
         )
+
+
+@pytest.mark.parametrize("name", ["e8m0_float", "exp2_repeat_interleave"])
+def test_decode_matvec_decomposition_is_recognized(name):
+    """On GPUs with coordinate_descent_tuning on (torchao's quantize_ sets it process-wide) Inductor
+    decomposes an M == 1 mm into (x[:, :, None] * w[None]).sum(1) before qlower's pass: still one MX record,
+    and the rewritten graph computes the same numbers as the traced one."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn = mm.hand_written_forms(N, K)[name]
+    x, q, e = mm.form_inputs(name, N, K, m=1)
+    with torch._inductor.config.patch(coordinate_descent_tuning=True), FakeTensorMode():
+        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (x, q, e)]
+        gm = make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
+    assert "aten.sum" in graph_summary(gm)
+    (cand,) = mx.find(gm.graph)
+    assert not isinstance(cand, Rejection), cand
+    assert cand.form.startswith("weight_only") and "matvec" in cand.form, cand.form
+    assert cand.shape == (1, K, N)
