@@ -7,6 +7,7 @@ tests/test_mx_gpu.py on the H200. Shapes are off every tile: M=5, N=48, K=96 (no
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -68,3 +69,92 @@ def test_kernels_in_triton_interpreter():
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 9, proc.stdout
     assert all(line.endswith("OK") for line in lines), proc.stdout
+
+
+DECODE_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from qlower.patterns import mx_format as fmt
+    from qlower.lowerings.triton_kernels import mx_ops
+    from qlower.lowerings.triton_kernels.mx_decode import BITS, DecodeConfig, mx_decode_linear
+    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE
+
+    torch.manual_seed(0)
+    G1 = DecodeConfig("gemv", BITS, 16, 8, 4, 1, prefetch=True)
+    G1SK = DecodeConfig("gemv", BITS, 16, 8, 4, 1, split_k=3, prefetch=True)  # K splits off the tile
+    G4 = DecodeConfig("gemv", BITS, 16, 8, 4, 1, block_m=4)
+    G4PF = DecodeConfig("gemv", BITS, 8, 16, 4, 1, block_m=2, prefetch=True)
+    MM4 = DecodeConfig("mm", BITS, 16, 8, 4, 1, block_m=16)   # fp4: 64 elements per dot step
+    MM8 = DecodeConfig("mm", BITS, 16, 16, 4, 1, block_m=16)  # fp8: 64 elements per dot step
+
+    def data(m, n, k, elem, adtype):
+        x, w = torch.randn(m, k) * 3, torch.randn(n, k) * 0.05
+        wq, wc = fmt.quantize(w, elem)
+        wref = fmt.dequantize_f64(wq, wc, elem)
+        return x.to(adtype), wq.view(torch.uint8), wc, wref
+
+    def report(tag, out, ref):
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        print(tag, f"{err:.2e}", "OK" if err <= 1e-3 else "BAD")
+
+    # Kernels, explicit configs. K=224: 7 scale blocks (off every BLOCK_KW); N=40, 36: ragged N.
+    CASES = [  # weight format, config, M, N, swizzled, bias, activation dtype
+        ("e2m1", G1, 1, 40, False, True, torch.float32),
+        ("e2m1", G1SK, 1, 40, True, True, torch.float16),
+        ("e4m3", G1SK, 1, 36, False, False, torch.float16),
+        ("e4m3", G4, 5, 40, True, True, torch.float32),    # two m tiles, the last ragged
+        ("e2m1", G4PF, 3, 36, False, True, torch.float16),
+        ("e5m2", G1, 2, 40, False, True, torch.float32),
+        ("e2m1", MM4, 7, 40, True, True, torch.float16),
+        ("e4m3", MM8, 16, 36, False, True, torch.float16),
+    ]
+    K = 224
+    for elem, cfg, m, n, swz, has_bias, adtype in CASES:
+        x, wq, wc, wref = data(m, n, K, elem, adtype)
+        bias = torch.randn(n) if has_bias else None
+        ref = x.double() @ wref.t() + (bias.double() if has_bias else 0)
+        out = mx_decode_linear(cfg, x, wq, fmt.to_swizzled(wc) if swz else wc, bias, ELEM_CODE[elem], swz,
+                               out_dtype=torch.float32)
+        report(f"{elem} {cfg.short()} M={m} N={n} swz={swz}", out, ref)
+
+    # The triton_op's weight-only path: picks the (BITS-decoded) decode kernels per M bucket.
+    for elem, m in (("e2m1", 1), ("e4m3", 1), ("e2m1", 3), ("e4m3", 9)):
+        n, k = 40, 256
+        cfg = mx_ops.pick_decode(m, ELEM_CODE[elem], k, n)
+        assert cfg is not None and cfg.decode == BITS, cfg
+        x, wq, wc, wref = data(m, n, k, elem, torch.float16)
+        bias = torch.randn(n).half()
+        ref = x.double() @ wref.t() + bias.double()
+        out = torch.ops.qlower.mx_linear(x, None, wq, fmt.to_swizzled(wc), bias, 0, ELEM_CODE[elem], False,
+                                         True, torch.float32)
+        report(f"op {elem} M={m} {cfg.short()}", out, ref)
+    """
+)
+
+
+def test_decode_kernels_in_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", DECODE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 12, proc.stdout
+    assert all(line.endswith("OK") for line in lines), proc.stdout
+
+
+def test_decode_table_matches_rules():
+    """The committed H200 table and the rules for other shapes agree at every measured point."""
+    from qlower.lowerings.triton_kernels import mx_ops as ops
+    from qlower.lowerings.triton_kernels.mx_decode import CVT
+
+    for (w_fmt, m, k, n), cfg in ops.DECODE_TABLE.items():
+        assert ops.decode_rule(m, w_fmt, k, n) == cfg, (w_fmt, m, k, n)
+        for mm in {1: (1,), 4: (2, 3, 4), 16: (5, 16)}[m]:
+            got = ops.pick_decode(mm, w_fmt, k, n)  # BITS-decoded when TRITON_INTERPRET is set here
+            assert (got and dataclasses.replace(got, decode=CVT)) == cfg
+    assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.DEC_GEMV_M1  # wide N: no split
+    assert ops.decode_rule(1, ops.E2M1, 8192, 1024) == ops.DEC_GEMV_M1_SK2
+    assert ops.decode_rule(17, ops.E4M3, 4096, 4096) is None  # above the measured range: current kernels
+    assert ops.decode_rule(1, ops.E5M2, 4096, 4096) is None
+    assert ops.DEC_GEMV_M1.decode == CVT

@@ -399,11 +399,14 @@ def launch_decode(
     w_swizzled: bool = False,
     gate: Any = 1,
     direct: bool = False,
+    rows: Any = None,
 ) -> None:
     """Launch cfg writing out [M, N]. `direct` calls the kernels without wrap_triton (eager timing).
 
     Under a triton_op `direct` must be False (the launches go through wrap_triton); `gate` scales the grid
-    as in mx_ops.launch, so a symbolic M can pick between configs without a guard.
+    as in mx_ops.launch, so a symbolic M can pick between configs without a guard. `rows` (default M) is
+    the M the launch covers: a gated launch that only runs when M == 1 passes rows=1, so its grid and
+    split-K scratch are static (a symbolic M would size the scratch by M even when gated off).
     """
     from torch.library import wrap_triton
 
@@ -411,6 +414,7 @@ def launch_decode(
         return fn if direct else wrap_triton(fn)
 
     m, n = out.shape
+    m = m if rows is None else rows
     kw = w_words.shape[1]
     if cfg.block_kw % (32 // elems_per_word(w_fmt)):
         raise ValueError(f"block_kw={cfg.block_kw} is not a whole number of 32-element blocks")
@@ -450,7 +454,7 @@ def launch_decode(
             0, out.stride(0), out.stride(1), EVEN_K=even, **common,
         )  # fmt: skip
         return
-    part = torch.empty((split, m, n), dtype=torch.float32, device=out.device)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=out.device)  # functional: traced as empty
     k(mx_decode_gemv_kernel)[grid](
         x, w_words, s_t, b, part, m, n, kw, kw_split, x_mul, s_mul,
         x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad,

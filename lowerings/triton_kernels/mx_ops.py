@@ -4,18 +4,24 @@ Inputs are uint8 views (elements, packed e2m1 bytes, e8m0 codes) plus format cod
 kernel for small M and the tiled kernel above (a dynamic M launches both with gated grids: no guard, no
 recompile). Configs were chosen on an H200 (scripts/bench_mx.py sweeps them); other GPUs get the same.
 
+Weight-only MXFP4/MXFP8 with bf16/fp16 activations at M <= 16 runs the word-wise decode kernels of
+`mx_decode` instead where they measured faster (`pick_decode`, table and rules below).
+
 Not using `from __future__ import annotations` (nor `X | None`): `triton_op` infers the schema from live
 annotations, on the oldest torch qlower supports too.
 """
 
 # ruff: noqa: UP045
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
+from .mx_decode import BITS, CVT, DecodeConfig, as_words, launch_decode
 from .mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -57,6 +63,105 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
     if fp8_mma(a_fmt, w_fmt):
         return MM_FP8_LARGE if m > 256 else MM_FP8_SMALL
     return MM_UPCAST_LARGE if m > 256 else MM_UPCAST_SMALL
+
+
+# ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
+# Measured on the H200 2026-11-30 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8
+# rotating weight sets; bf16 activations; us: bf16 F.linear / current MX kernel above / decode kernel):
+#   M=1: gemv/cvt m1 n32 kw64 w4 s1 pf won every point. Split-K 2 won wherever N <= K (fp4 4096->4096
+#     12.6/28.6/11.6, 14336->4096 31.6/98.1/29.8; fp8 14336->4096 31.5/32.5/29.8, 4096->4096 13.8/11.0/11.2:
+#     a tie with the current one) and for fp8 at 4096->14336 too (30.4/22.5/19.1 vs 21.5 unsplit); fp4 at
+#     4096->14336 ran 24.9 unsplit vs 25.2 split (30.5/38.7 bf16/current). So: sk2 for fp8 always, and for
+#     fp4 when N <= K.
+#   M 2-4 (measured at M=4): wide N (N > K, 4096->14336) -> the m16 dot kernel (fp4 30.0/109.6/45.6 vs 64.2
+#     gemv m4; fp8 29.8/65.7/40.2). Otherwise fp4 -> gemv/cvt m4 n16 kw64 pf (4096->4096 13.5/38.4/18.8,
+#     14336->4096 31.9/127.4/61.3) and fp8 -> the current GEMV (4096->4096 19.1 vs 27.9 new, 14336->4096
+#     65.4 vs 90.6 new).
+#   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
+#     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
+#   M > 16: not measured; the current tile kernels.
+# Other (K, N) follow the same rules. E5M2 weights and MX activations keep the current kernels.
+DECODE_MAX_M = 16
+DEC_GEMV_M1 = DecodeConfig("gemv", CVT, block_n=32, block_kw=64, num_warps=4, num_stages=1, prefetch=True)
+DEC_GEMV_M1_SK2 = replace(DEC_GEMV_M1, split_k=2)
+DEC_GEMV_M4 = DecodeConfig(
+    "gemv", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1, block_m=4, prefetch=True
+)
+DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
+DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
+# The measured points, (w_fmt, M bucket's upper end, K, N) -> config (None: the current kernel); what the
+# rules give for them too (tests/test_mx_triton_interp.py checks that), kept as the record of the sweep.
+DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
+    (E2M1, 1, 4096, 14336): DEC_GEMV_M1,
+    (E2M1, 1, 4096, 4096): DEC_GEMV_M1_SK2,
+    (E2M1, 1, 14336, 4096): DEC_GEMV_M1_SK2,
+    (E4M3, 1, 4096, 14336): DEC_GEMV_M1_SK2,
+    (E4M3, 1, 4096, 4096): DEC_GEMV_M1_SK2,
+    (E4M3, 1, 14336, 4096): DEC_GEMV_M1_SK2,
+    (E2M1, 4, 4096, 14336): DEC_MM_FP4,
+    (E2M1, 4, 4096, 4096): DEC_GEMV_M4,
+    (E2M1, 4, 14336, 4096): DEC_GEMV_M4,
+    (E4M3, 4, 4096, 14336): DEC_MM_FP8,
+    (E4M3, 4, 4096, 4096): None,
+    (E4M3, 4, 14336, 4096): None,
+    (E2M1, 16, 4096, 14336): DEC_MM_FP4,
+    (E2M1, 16, 4096, 4096): DEC_MM_FP4,
+    (E2M1, 16, 14336, 4096): DEC_MM_FP4,
+    (E4M3, 16, 4096, 14336): DEC_MM_FP8,
+    (E4M3, 16, 4096, 4096): DEC_MM_FP8,
+    (E4M3, 16, 14336, 4096): DEC_MM_FP8,
+}
+# Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
+_BUCKETS = ((1, 1), (2, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
+
+
+def _interpreted() -> bool:
+    """TRITON_INTERPRET cannot run the CVT decoders' inline PTX: the pure-Triton BITS decoder stands in."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
+    """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
+    if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
+        return None
+    mm = DEC_MM_FP4 if w_fmt == E2M1 else DEC_MM_FP8
+    if m == 1:
+        return DEC_GEMV_M1_SK2 if (w_fmt == E4M3 or n <= k) else DEC_GEMV_M1
+    if m <= 4:
+        if n > k:
+            return mm
+        return DEC_GEMV_M4 if w_fmt == E2M1 else None
+    return mm
+
+
+def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
+    """`DECODE_TABLE` at a measured point, else `decode_rule`; BITS-decoded under TRITON_INTERPRET."""
+    bucket = 1 if m == 1 else 4 if 2 <= m <= 4 else DECODE_MAX_M
+    key = (w_fmt, bucket, k, n)
+    cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
+    if cfg is not None and _interpreted():
+        cfg = replace(cfg, decode=BITS)
+    return cfg
+
+
+def _decode_words(a: torch.Tensor, w: torch.Tensor, a_fmt: int, w_fmt: int) -> Optional[torch.Tensor]:
+    """The weight as int32 words when the decode kernels may serve this call, else None."""
+    if a_fmt != FLOAT or w_fmt not in (E2M1, E4M3) or a.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
+    if not _is_static(k) or int(k) % 32 or not w.is_contiguous():  # contiguous: Inductor's view keeps it
+        return None
+    return as_words(w)
+
+
+def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
+    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0."""
+    if statically_known_true(m < lo) or (hi is not None and statically_known_true(m > hi)):
+        return None
+    g = torch.sym_max(0, torch.sym_min(1, m - lo + 1))
+    if hi is not None:
+        g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
+    return g
 
 
 def _cdiv(a: Any, b: int) -> Any:
@@ -142,6 +247,10 @@ def mx_linear(
     m, n = a.shape[0], w.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
+    words = _decode_words(a, w, a_fmt, w_fmt)
+    if words is not None:
+        _decode_or_current(m, a, words, w, w_scale, bias, out, fmts)
+        return out
     if _is_static(m):
         launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts)
         return out
@@ -151,6 +260,47 @@ def mx_linear(
     launch(small, a, a_scale, w, w_scale, bias, out, *fmts, gate=on_small)
     launch(large, a, a_scale, w, w_scale, bias, out, *fmts, gate=1 - on_small)
     return out
+
+
+def _decode_or_current(
+    m: Any,
+    a: torch.Tensor,
+    words: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    fmts: tuple[int, int, bool, bool],
+) -> None:
+    """Weight-only MX: per M bucket the decode config (`pick_decode`) or the current kernel.
+
+    Static M: one config. Symbolic M: one launch per bucket with a 0/1 gated grid (no guard, no
+    recompile); a bucket provably empty is skipped. The M == 1 bucket launches with rows=1 (static grid
+    and split-K scratch); the others take the symbolic M (the kernels mask rows against it).
+    """
+    a_fmt, w_fmt, _, w_swz = fmts
+    k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if _is_static(w.shape[0]) else -1
+
+    def run(cfg: Optional[DecodeConfig], cur: MXConfig, gate: Any, rows: Any) -> None:
+        if cfg is None:
+            launch(cur, a, None, w, w_scale, bias, out, *fmts, gate=gate)
+        else:
+            launch_decode(cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows)
+
+    if _is_static(m):
+        mi = int(m)
+        if mi == 0:
+            return
+        run(pick_decode(mi, w_fmt, k, n), pick_config(mi, a_fmt, w_fmt), 1, None)
+        return
+    large = pick_config(1 << 20, a_fmt, w_fmt)  # as the generic dynamic path: the large tile above
+    for lo, hi in _BUCKETS:
+        gate = _gate(m, lo, hi)
+        if gate is None:
+            continue
+        rep = lo if hi is None else hi  # the bucket's configs are the same at every M in it
+        cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else large
+        run(pick_decode(rep, w_fmt, k, n), cur, gate, 1 if hi == 1 else None)
 
 
 def launch_config(
