@@ -58,7 +58,14 @@ def _bits_elem(w, e: tl.constexpr, W_FMT: tl.constexpr):
     return (mag | sgn).to(tl.float32, bitcast=True)
 
 
-_ASM_E2M1_CVT = tl.constexpr("""
+def _one_line(ptx: str) -> str:
+    """PTX on one line: Inductor copies the constexpr globals a user kernel reads into its generated module as
+    one-line string literals, and a newline inside one is a syntax error there (seen on the H200)."""
+    return " ".join(ptx.split())
+
+
+_ASM_E2M1_CVT = tl.constexpr(
+    _one_line("""
 {
 .reg .b32 wl, wh, wt, wa;
 .reg .b16 p0, p1, q0, q1, f0, f1;
@@ -91,29 +98,33 @@ cvt.f32.f16 $5, f0;
 cvt.f32.f16 $7, f1;
 }
 """)
+)
 
 _ASM_E2M1_F16 = tl.constexpr(
-    "\n".join(
-        ["{", ".reg .b32 wt, wu, wr;", ".reg .b16 f0, f1;"]
-        + [
-            line
-            for i in range(4)
-            for line in (
-                (f"shl.b32 wt, $8, {12 - 4 * i};" if i < 3 else "mov.b32 wt, $8;"),
-                "and.b32 wu, wt, 0x80008000;",
-                "shr.b32 wr, wt, 3;",
-                "and.b32 wr, wr, 0x0E000E00;",
-                "or.b32 wr, wr, wu;",
-                "mov.b32 {f0, f1}, wr;",
-                f"cvt.f32.f16 ${i}, f0;",
-                f"cvt.f32.f16 ${i + 4}, f1;",
-            )
-        ]
-        + ["}"]
+    _one_line(
+        "\n".join(
+            ["{", ".reg .b32 wt, wu, wr;", ".reg .b16 f0, f1;"]
+            + [
+                line
+                for i in range(4)
+                for line in (
+                    (f"shl.b32 wt, $8, {12 - 4 * i};" if i < 3 else "mov.b32 wt, $8;"),
+                    "and.b32 wu, wt, 0x80008000;",
+                    "shr.b32 wr, wt, 3;",
+                    "and.b32 wr, wr, 0x0E000E00;",
+                    "or.b32 wr, wr, wu;",
+                    "mov.b32 {f0, f1}, wr;",
+                    f"cvt.f32.f16 ${i}, f0;",
+                    f"cvt.f32.f16 ${i + 4}, f1;",
+                )
+            ]
+            + ["}"]
+        )
     )
 )
 
-_ASM_E4M3_CVT = tl.constexpr("""
+_ASM_E4M3_CVT = tl.constexpr(
+    _one_line("""
 {
 .reg .b32 wa;
 .reg .b16 p0, p1, f0, f1;
@@ -128,6 +139,7 @@ cvt.f32.f16 $2, f0;
 cvt.f32.f16 $3, f1;
 }
 """)
+)
 
 
 @triton.jit

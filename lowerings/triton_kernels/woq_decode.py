@@ -35,21 +35,30 @@ import torch
 import triton
 import triton.language as tl
 
+
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
+def _one_line(ptx: str) -> str:
+    """PTX on one line: Inductor copies the constexpr globals a user kernel reads into its generated module as
+    one-line string literals, and a newline inside one is a syntax error there (seen on the H200)."""
+    return " ".join(ptx.split())
+
+
 _ASM_I8_F32 = tl.constexpr(
-    "{\n"
-    ".reg .b32 t, m;\n"
-    "xor.b32 t, $4, 0x80808080;\n"
-    "mov.b32 m, 0x4B000000;\n"
-    "prmt.b32 $0, t, m, 0x7540;\n"
-    "prmt.b32 $1, t, m, 0x7541;\n"
-    "prmt.b32 $2, t, m, 0x7542;\n"
-    "prmt.b32 $3, t, m, 0x7543;\n"
-    "sub.f32 $0, $0, 0f4B000080;\n"
-    "sub.f32 $1, $1, 0f4B000080;\n"
-    "sub.f32 $2, $2, 0f4B000080;\n"
-    "sub.f32 $3, $3, 0f4B000080;\n"
-    "}"
+    _one_line(
+        "{\n"
+        ".reg .b32 t, m;\n"
+        "xor.b32 t, $4, 0x80808080;\n"
+        "mov.b32 m, 0x4B000000;\n"
+        "prmt.b32 $0, t, m, 0x7540;\n"
+        "prmt.b32 $1, t, m, 0x7541;\n"
+        "prmt.b32 $2, t, m, 0x7542;\n"
+        "prmt.b32 $3, t, m, 0x7543;\n"
+        "sub.f32 $0, $0, 0f4B000080;\n"
+        "sub.f32 $1, $1, 0f4B000080;\n"
+        "sub.f32 $2, $2, 0f4B000080;\n"
+        "sub.f32 $3, $3, 0f4B000080;\n"
+        "}"
+    )
 )
 
 
