@@ -121,13 +121,13 @@ DECODE_SCRIPT = textwrap.dedent(
     for elem, m in (("e2m1", 1), ("e4m3", 1), ("e2m1", 3), ("e4m3", 9)):
         n, k = 40, 256
         cfg = mx_ops.pick_decode(m, ELEM_CODE[elem], k, n)
-        assert cfg is None or cfg.decode == BITS, cfg  # None: decode GEMV off (mx_ops.pick_decode)
+        assert cfg is not None and cfg.decode == BITS, cfg
         x, wq, wc, wref = data(m, n, k, elem, torch.float16)
         bias = torch.randn(n).half()
         ref = x.double() @ wref.t() + bias.double()
         out = torch.ops.qlower.mx_linear(x, None, wq, fmt.to_swizzled(wc), bias, 0, ELEM_CODE[elem], False,
                                          True, torch.float32)
-        report(f"op {elem} M={m} {cfg.short() if cfg else 'current'}", out, ref)
+        report(f"op {elem} M={m} {cfg.short()}", out, ref)
     """
 )
 
@@ -152,8 +152,7 @@ def test_decode_table_matches_rules():
         assert ops.decode_rule(m, w_fmt, k, n) == cfg, (w_fmt, m, k, n)
         for mm in {1: (1,), 4: (2, 3, 4), 16: (5, 16)}[m]:
             got = ops.pick_decode(mm, w_fmt, k, n)  # BITS-decoded when TRITON_INTERPRET is set here
-            want = None if cfg is None or cfg.kernel == "gemv" else cfg  # the decode GEMV is off under pick_decode for now
-            assert (got and dataclasses.replace(got, decode=CVT)) == want
+            assert (got and dataclasses.replace(got, decode=CVT)) == cfg
     assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.DEC_GEMV_M1  # wide N: no split
     assert ops.decode_rule(1, ops.E2M1, 8192, 1024) == ops.DEC_GEMV_M1_SK2
     assert ops.decode_rule(17, ops.E4M3, 4096, 4096) is None  # above the measured range: current kernels

@@ -180,7 +180,7 @@ def _block_scales(s_ptr, rn, n_mask, kb, nkb, stride_sn, stride_sk, s_cols_pad, 
     """[BLOCK_N, NBK] fp32: 2**(code - 127) * factor (factor folds the decoder's 2**(DSH - XSH))."""
     offs = _scale_offsets(rn[:, None], kb[None, :], stride_sn, stride_sk, s_cols_pad, SWIZZLED)
     code = tl.load(s_ptr + offs, mask=n_mask[:, None] & (kb < nkb)[None, :], other=127)
-    return _scale_f32(code) * factor
+    return (_scale_f32(code) * factor).to(tl.float32)  # Inductor passes a Python float as fp64
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -247,7 +247,7 @@ def mx_decode_gemv_kernel(
         for e in tl.static_range(EPW):
             xe = tl.load(x_ptr + rm3 * stride_xm + (kw3 * EPW + e) * stride_xk, mask=x_mask, other=0)
             if X_PRESCALE:
-                part += vals[e] * (xe.to(tl.float32) * x_mul)
+                part += vals[e] * (xe.to(tl.float32) * x_mul).to(tl.float32)
             else:
                 part += vals[e] * xe.to(tl.float32)
         part = tl.sum(tl.reshape(part, (BLOCK_M, BLOCK_N, NBK, WPB)), axis=3)

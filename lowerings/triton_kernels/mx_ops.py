@@ -139,11 +139,6 @@ def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     bucket = 1 if m == 1 else 4 if 2 <= m <= 4 else DECODE_MAX_M
     key = (w_fmt, bucket, k, n)
     cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
-    if cfg is not None and cfg.kernel == "gemv":
-        # Off until fixed: under torch.compile on the H200 (torch 2.11, Triton 3.6) Inductor's launch of the
-        # decode GEMV failed to compile ("loop-carried variable acc ... re-assigned to fp64"); raw launches
-        # were correct and fast (benchmarks/h200_experiments/mx_exp.json). The current GEMV serves M <= 4.
-        return None
     if cfg is not None and _interpreted():
         cfg = replace(cfg, decode=BITS)
     return cfg
