@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
+from cuda_timing import gpu_time_us  # noqa: E402
 
 N_WEIGHTS = 8
 SHAPES_KN = ((4096, 4096), (4096, 14336))
@@ -40,43 +43,6 @@ def log(*a: Any) -> None:
 
 
 # ---------------------------------------------------------------- timing
-def gpu_time_us(calls: list[Callable[[], Any]]) -> float:
-    """Median GPU time of one call, from CUDA-graph replays of all `calls` (one per weight set)."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for c in calls:
-        c()
-    e1.record()
-    torch.cuda.synchronize()
-    est_ms = max(e0.elapsed_time(e1), 1e-3)  # upper bound (includes host launch time)
-    reps = int(min(20, max(1, 4.0 / est_ms)))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for c in calls:
-                c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
-    del graph
-    return statistics.median(times) * 1000.0 / (reps * len(calls))
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out = out.double()
     if not torch.isfinite(out).all():

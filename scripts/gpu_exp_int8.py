@@ -51,7 +51,6 @@ No `from __future__ import annotations`: `triton_op` reads the live annotations 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -69,6 +68,9 @@ if "--cpu-check" in sys.argv:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.library import triton_op, wrap_triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
+from cuda_timing import gpu_time_us  # noqa: E402
 
 BUDGET_S = 228.0  # the parent stops starting work here; the watchdog ends it at BUDGET_S + 8
 N_WEIGHTS = 8
@@ -324,43 +326,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- timing (copied from bench_cuda_kernels.py)
-def gpu_time_us(calls: list[Callable[[], Any]]) -> float:
-    """Median GPU time of one call, from CUDA-graph replays of all `calls` (one per weight set)."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for c in calls:
-        c()
-    e1.record()
-    torch.cuda.synchronize()
-    est_ms = max(e0.elapsed_time(e1), 1e-3)  # upper bound (includes host launch time)
-    reps = int(min(20, max(1, 4.0 / est_ms)))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for c in calls:
-                c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
-    del graph
-    return statistics.median(times) * 1000.0 / (reps * len(calls))
-
-
 def tops(m: int, k: int, n: int, us: float | None) -> float | None:
     return 2.0 * m * k * n / us / 1e6 if us else None
 

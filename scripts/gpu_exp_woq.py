@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -34,6 +35,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
+from cuda_timing import gpu_time_us as _gpu_time_us  # noqa: E402
+
+gpu_time_us = functools.partial(_gpu_time_us, min_reps=2)
 
 T0 = time.time()
 N_WEIGHTS = 8
@@ -159,48 +165,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- timing
-def gpu_time_us(calls: list[Callable[[], Any]], replays: int = 7) -> float:
-    """Median time of one call over CUDA-graph replays of all `calls` (one per weight set)."""
-    if not torch.cuda.is_available():  # smoke mode: wall time of one round (meaningless; exercises the path)
-        t = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t) * 1e6 / len(calls)
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for c in calls:
-        c()
-    e1.record()
-    torch.cuda.synchronize()
-    est_ms = max(e0.elapsed_time(e1), 1e-3)
-    reps = int(min(20, max(2, 4.0 / est_ms)))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for c in calls:
-                c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
-    del graph
-    return statistics.median(times) * 1000.0 / (reps * len(calls))
-
-
 # ---------------------------------------------------------------- the three kinds of callables
 def variant_fn(cfg: Any, fresh: bool, counters: torch.Tensor | None) -> Callable[..., torch.Tensor]:
     from qlower.lowerings.triton_kernels.woq_decode import woq_decode
