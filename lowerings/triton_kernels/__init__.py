@@ -13,10 +13,22 @@ import os
 import torch
 
 
+def interpreted() -> bool:
+    """TRITON_INTERPRET is set: kernels run in Triton's interpreter, which cannot run inline PTX."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def one_line(ptx: str) -> str:
+    """PTX for `tl.inline_asm_elementwise` on one line: Inductor copies the constexpr globals a user kernel
+    reads into its generated module as one-line string literals, and a newline in one is a syntax error
+    there (seen on the H200, torch 2.11)."""
+    return " ".join(ptx.split())
+
+
 @functools.cache
 def triton_unavailable() -> str | None:
     """None when Triton kernels can be compiled into a graph here, else the reason."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreted():
         return "TRITON_INTERPRET is set: kernels would run in the interpreter, not compiled into the graph"
     if not hasattr(torch.library, "triton_op"):
         return f"torch {torch.__version__} has no torch.library.triton_op"

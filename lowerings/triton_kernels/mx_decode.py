@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import one_line
 from .mx_kernels import E2M1, E4M3, E5M2, _scale_f32, _scale_offsets
 
 BITS, CVT, F16BITS = 1, 2, 3
@@ -58,14 +59,8 @@ def _bits_elem(w, e: tl.constexpr, W_FMT: tl.constexpr):
     return (mag | sgn).to(tl.float32, bitcast=True)
 
 
-def _one_line(ptx: str) -> str:
-    """PTX on one line: Inductor copies the constexpr globals a user kernel reads into its generated module as
-    one-line string literals, and a newline inside one is a syntax error there (seen on the H200)."""
-    return " ".join(ptx.split())
-
-
 _ASM_E2M1_CVT = tl.constexpr(
-    _one_line("""
+    one_line("""
 {
 .reg .b32 wl, wh, wt, wa;
 .reg .b16 p0, p1, q0, q1, f0, f1;
@@ -101,7 +96,7 @@ cvt.f32.f16 $7, f1;
 )
 
 _ASM_E2M1_F16 = tl.constexpr(
-    _one_line(
+    one_line(
         "\n".join(
             ["{", ".reg .b32 wt, wu, wr;", ".reg .b16 f0, f1;"]
             + [
@@ -124,7 +119,7 @@ _ASM_E2M1_F16 = tl.constexpr(
 )
 
 _ASM_E4M3_CVT = tl.constexpr(
-    _one_line("""
+    one_line("""
 {
 .reg .b32 wa;
 .reg .b16 p0, p1, f0, f1;

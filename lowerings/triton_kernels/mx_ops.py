@@ -13,7 +13,6 @@ annotations, on the oldest torch qlower supports too.
 
 # ruff: noqa: UP045
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -21,6 +20,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
+from . import interpreted
 from .mx_decode import BITS, CVT, DecodeConfig, as_words, launch_decode
 from .mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 
@@ -115,11 +115,6 @@ DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
 _BUCKETS = ((1, 1), (2, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
 
-def _interpreted() -> bool:
-    """TRITON_INTERPRET cannot run the CVT decoders' inline PTX: the pure-Triton BITS decoder stands in."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
     if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
@@ -139,7 +134,7 @@ def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     bucket = 1 if m == 1 else 4 if 2 <= m <= 4 else DECODE_MAX_M
     key = (w_fmt, bucket, k, n)
     cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
-    if cfg is not None and _interpreted():
+    if cfg is not None and interpreted():
         cfg = replace(cfg, decode=BITS)
     return cfg
 

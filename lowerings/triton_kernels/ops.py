@@ -7,13 +7,12 @@ and no proxy executor at run time. In eager mode the same function launches the 
 Not using `from __future__ import annotations`: `triton_op` infers the schema from the live annotations.
 """
 
-import os
 from typing import Any
 
 import torch
 from torch.library import triton_op, wrap_triton
 
-from . import configs
+from . import configs, interpreted
 from .configs import KernelConfig
 from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
@@ -92,9 +91,7 @@ def _decode_cvt(cvt: int, a: torch.Tensor) -> int:
     """The int8 -> fp32 conversion `woq_decode_kernel` gets: inline PTX (2) only on an NVIDIA GPU outside the
     interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
     which gives the same values (both are exact)."""
-    if cvt == 2 and (
-        a.device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1"
-    ):
+    if cvt == 2 and (a.device.type != "cuda" or torch.version.hip is not None or interpreted()):
         return 1
     return cvt
 

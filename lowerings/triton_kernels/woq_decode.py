@@ -35,16 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import one_line
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
-def _one_line(ptx: str) -> str:
-    """PTX on one line: Inductor copies the constexpr globals a user kernel reads into its generated module as
-    one-line string literals, and a newline inside one is a syntax error there (seen on the H200)."""
-    return " ".join(ptx.split())
-
-
 _ASM_I8_F32 = tl.constexpr(
-    _one_line(
+    one_line(
         "{\n"
         ".reg .b32 t, m;\n"
         "xor.b32 t, $4, 0x80808080;\n"
