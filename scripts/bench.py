@@ -21,7 +21,7 @@ Family modules: `scripts/bench_<family>.py` (next to this file) define
 Timing: each call uses the next of --rotate weight sets, so weights are not cache-resident (a real model's
 layers are not). After a compile call and a warm-up call, variants are timed in ROUNDS interleaved rounds per
 shape (fair under a changing load). CPU: median of all time.perf_counter runs. CUDA: median of the rounds'
-triton.testing.do_bench medians.
+CUDA-graph replay times (scripts/cuda_timing.py; do_bench for a variant that cannot be captured).
 Each compiled variant is compiled once per (M, K, N) with dynamic=False (the shape a static-M deployment sees).
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import importlib
 import itertools
 import json
@@ -153,8 +154,17 @@ def time_cpu(
     return times
 
 
-def time_cuda(call: Callable[[int], object], budget_s: float) -> list[float]:
-    """The median seconds from triton.testing.do_bench (it also flushes L2 between runs)."""
+def time_cuda(call: Callable[[int], object], budget_s: float, rotate: int) -> list[float]:
+    """Seconds per call from CUDA-graph replays of one call per weight set (`cuda_timing.gpu_time_us`, the
+    method of every other GPU number in BENCHMARKS.md: no host launch overhead, weights from HBM). A variant
+    that cannot be captured in a CUDA graph falls back to triton.testing.do_bench's median."""
+    from cuda_timing import gpu_time_us
+
+    try:
+        return [gpu_time_us([lambda i=i: call(i) for i in range(rotate)]) / 1e6]
+    except Exception as e:  # e.g. a host synchronisation inside the variant
+        print(f"bench: CUDA-graph timing failed ({type(e).__name__}: {e}); using do_bench", file=sys.stderr)
+        torch.cuda.synchronize()
     import triton.testing
 
     counter = itertools.count()
@@ -224,7 +234,7 @@ def run_kn(
     Per shape, each variant is first compiled and checked, then timed in ROUNDS interleaved rounds so that
     load changes on a shared machine hit all variants alike; the time is the median over all rounds' runs.
     """
-    timer = time_cuda if device.startswith("cuda") else time_cpu
+    timer = functools.partial(time_cuda, rotate=rotate) if device.startswith("cuda") else time_cpu
     sets = [mod.make_weights(k, n, device, seed) for seed in range(rotate)]
     fns = {name: compiled(fn, mode, mod.FAMILY) for name, (fn, mode) in mod.VARIANTS.items()}
     ref_fn = mod.VARIANTS["stock"][0]
@@ -442,7 +452,9 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
         "rotate": rotate,
         "bandwidth_GBps": round(bandwidth / 1e9, 1),
         "bandwidth_source": bw_source,
-        "timing": "triton do_bench median" if args.device == "cuda" else "median of perf_counter runs",
+        "timing": "CUDA-graph replay median (cuda_timing.py)"
+        if args.device == "cuda"
+        else "median of perf_counter runs",
         "wall_s": round(time.perf_counter() - start, 1),
     }
     return meta, results, failures
