@@ -136,6 +136,13 @@ def emit_int_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 U8_SHIFT = 128
 
 
+def shift_to_u8(em: _Emitter, x_q: fx.Node) -> fx.Node:
+    """int8 v -> uint8 v + 128, exactly: flipping the sign bit of the same byte. As a bitcast and an xor,
+    Inductor's fused quantize kernel stays in 8-bit lanes; widening to int32, adding and narrowing made the
+    CPU prologue take 0.74 instead of 0.38 ms at M=128, K=4096 (1 thread)."""
+    return em.call(aten.bitwise_xor.Scalar, em.call(aten.view.dtype, x_q, torch.uint8), U8_SHIFT)
+
+
 def make_emit_int_mm_u8(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
     """u8s8 `_int_mm` from M = min_m on (and for dynamic M): (x_q + 128) as uint8 [M, K] times the int8 weight,
     minus 128 * colsum(w) in the epilogue (exact in int32). The shift fuses into the quantize prologue; the
@@ -146,8 +153,7 @@ def make_emit_int_mm_u8(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node
             return emit_int_mm(graph, rec)
         em = _emitter(graph, rec)
         x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
-        widened = em.call(aten.add.Tensor, em.convert(x2d, torch.int32), U8_SHIFT)
-        x_u8 = em.convert(widened, torch.uint8)
+        x_u8 = shift_to_u8(em, x2d)
         acc = em.call(aten._int_mm.default, x_u8, em.transpose(w_nk))
         return rescale(em, rec, acc, x_u8, w_nk, shift=U8_SHIFT)
 
@@ -232,7 +238,7 @@ def _emit_qlinear(
     assert rec.act_quant is not None
     em = _emitter(graph, rec)
     x2d = activation_2d(em, rec)
-    x_u8 = em.convert(em.call(aten.add.Tensor, em.convert(x2d, torch.int32), U8_SHIFT), torch.uint8)
+    x_u8 = shift_to_u8(em, x2d)
     y = qlinear(em, x_u8, scale_vector(em, rec, torch.float32))
     y = em.call(aten.mul.Tensor, y, _per_row(em, rec.act_quant.x_scale, torch.float32))
     if rec.bias is not None:

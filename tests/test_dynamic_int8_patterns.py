@@ -260,11 +260,10 @@ class TestCpuU8S8(expecttest.TestCase):
             text[text.index("convert_element_type:") :],
             """\
 convert_element_type: int8[4, 4096] = prims.convert_element_type(clamp_max, int8)
-convert_element_type_default: int32[4, 4096] = prims.convert_element_type(convert_element_type, int32)
-add_tensor: int32[4, 4096] = aten.add.Tensor(convert_element_type_default, 128)
-convert_element_type_default_1: uint8[4, 4096] = prims.convert_element_type(add_tensor, uint8)
+view_dtype: uint8[4, 4096] = aten.view.dtype(convert_element_type, uint8)
+bitwise_xor_scalar: uint8[4, 4096] = aten.bitwise_xor.Scalar(view_dtype, 128)
 permute_default: int8[4096, 32] = aten.permute(arg1_1, [1, 0])
-_int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_1, permute_default)
+_int_mm_default: int32[4, 32] = aten._int_mm(bitwise_xor_scalar, permute_default)
 sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
 reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
 mul_tensor: int32[1, 32] = aten.mul.Tensor(reshape_default, 128)
@@ -288,11 +287,11 @@ mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
         self.assertExpectedInline(
             after_matmul(text),
             """\
-_int_mm_default: int32[4, 32] = aten._int_mm(convert_element_type_default_1, permute_default)
-add_tensor_1: int32[4, 1] = aten.add.Tensor(convert_element_type, 128)
+_int_mm_default: int32[4, 32] = aten._int_mm(bitwise_xor_scalar, permute_default)
+add_tensor: int32[4, 1] = aten.add.Tensor(convert_element_type, 128)
 sum_dim_int_list: int32[32] = aten.sum.dim_IntList(arg1_1, [1], False, dtype=int32)
 reshape_default: int32[1, 32] = aten.reshape(sum_dim_int_list, [1, 32])
-mul_tensor: int32[4, 32] = aten.mul.Tensor(reshape_default, add_tensor_1)
+mul_tensor: int32[4, 32] = aten.mul.Tensor(reshape_default, add_tensor)
 sub_tensor: int32[4, 32] = aten.sub.Tensor(_int_mm_default, mul_tensor)
 mul_tensor_1: float32[4, 32] = aten.mul.Tensor(sub_tensor, clamp_min_1)
 mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
