@@ -7,12 +7,11 @@ swizzled shared memory that wgmma reads directly) and can run persistently: a gr
 walks the output tiles in grouped order, so the next tile's loads start while this tile's epilogue runs
 (`FLATTEN` lets Triton's pipeliner cross the tile boundary) and no wave quantization tail is left.
 
-Two entry points, one body (`_mm_tiles`):
-- `int8_mm_tma_dev_kernel` takes plain pointers and builds the descriptors on the device
-  (`tl.make_tensor_descriptor`); Triton then needs a global scratch buffer per launch, obtained through
-  `triton.set_allocator` (Inductor installs one when it launches kernels; eager callers must set one).
-- `int8_mm_tma_host_kernel` takes `triton.tools.tensor_descriptor.TensorDescriptor` arguments built on the
-  host with `TensorDescriptor.from_tensor` (the only form Inductor can rebuild for a user-defined kernel).
+The entry point, `int8_mm_tma_dev_kernel`, takes plain pointers and builds the descriptors on the device
+(`tl.make_tensor_descriptor`); Triton then needs a global scratch buffer per launch, obtained through
+`triton.set_allocator` (Inductor installs one when it launches kernels; eager callers must set one). The
+body, `_mm_tiles`, also serves the experiment's host-descriptor entry point (scripts/gpu_exp_int8.py), which
+torch 2.11 cannot trace through a triton_op (benchmarks/h200_experiments/int8_exp.txt).
 
 Epilogue, same as `kernels._epilogue`: out = acc_int32 * w_scale[n] * x_scale[m] (+ bias[n]), cast once.
 `EPI_TMA` stores through a descriptor (`EPI_SPLIT` 1 or 2: the tile or its two N halves, so the staging
@@ -183,44 +182,6 @@ def int8_mm_tma_dev_kernel(
         o = tl.make_tensor_descriptor(out_ptr, [M, N], [stride_om, 1], [BLOCK_M, BLOCK_N // EPI_SPLIT])
     else:
         o = out_ptr
-    _mm_tiles(
-        a_desc, w_desc, o, ws_ptr, xs_ptr, b_ptr, M, N, K, stride_om, stride_ws, stride_xs, stride_b,
-        HAS_XS, HAS_BIAS, EPI_TMA, EPI_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, WARP_SPEC,
-    )  # fmt: skip
-
-
-@triton.jit
-def int8_mm_tma_host_kernel(
-    a_desc,
-    w_desc,
-    o,
-    ws_ptr,
-    xs_ptr,
-    b_ptr,
-    M,
-    N,
-    K,
-    stride_om,
-    stride_ws,
-    stride_xs,
-    stride_b,
-    HAS_XS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    EPI_TMA: tl.constexpr,
-    EPI_SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    FLATTEN: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
-):
-    """Same GEMM with host-built descriptors: a_desc block [BM, BK], w_desc [BN, BK], and `o` the output's
-    descriptor (block [BM, BN // EPI_SPLIT]) when EPI_TMA, else the output pointer (stride_om used).
-
-    Passing the output once (descriptor or pointer, never both) keeps Inductor's mutation analysis and
-    re-inplacing simple: one argument is written, and it is a fresh buffer.
-    """
     _mm_tiles(
         a_desc, w_desc, o, ws_ptr, xs_ptr, b_ptr, M, N, K, stride_om, stride_ws, stride_xs, stride_b,
         HAS_XS, HAS_BIAS, EPI_TMA, EPI_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, WARP_SPEC,
