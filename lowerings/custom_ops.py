@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .cpu_prepack import CACHE
+
 aten = torch.ops.aten
 
 
@@ -62,8 +64,6 @@ def _qlinear_u8_cached(
     packed once and cached while it is unchanged (lowerings/cpu_prepack.py): the speed of a frozen weight
     without freezing. `w` is the graph's own weight tensor ([K, N] when `w_is_kn`), so the cache sees the
     same tensor on every call."""
-    from .cpu_prepack import CACHE
-
     n = w.shape[1] if w_is_kn else w.shape[0]
     if x_u8.shape[0] == 0:
         return x_u8.new_empty((0, n), dtype=torch.float32)
