@@ -30,9 +30,13 @@ def fix_int8pack_lowering() -> None:
     if original is None or getattr(original, "_qlower_wrapped", False):
         return
 
+    def as_tensor_box(node):  # the CPP GEMM template's epilogue calls `expand` on the scale: TensorBox only
+        return node if isinstance(node, ir.TensorBox) else ir.TensorBox(node)
+
     @functools.wraps(original)
     def lowering_with_realized_scale(x, w, scale, *args, **kwargs):
-        return original(x, ir.ExternKernel.require_contiguous(w), realize_inputs(scale), *args, **kwargs)
+        w, scale = ir.ExternKernel.require_contiguous(w), realize_inputs(scale)
+        return original(x, as_tensor_box(w), as_tensor_box(scale), *args, **kwargs)
 
     lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
     lowering.lowerings[op] = lowering_with_realized_scale
