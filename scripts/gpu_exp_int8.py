@@ -75,6 +75,7 @@ import triton.language as tl  # noqa: E402
 from cuda_timing import gpu_time_us  # noqa: E402
 
 from qlower.lowerings.triton_kernels.int8_hopper import _mm_tiles  # noqa: E402
+from qlower.lowerings.triton_kernels.launch_args import flat  # noqa: E402
 
 
 @triton.jit
@@ -191,12 +192,6 @@ def _num_sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
 
 
-def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """1-D view and stride (0 for a per-tensor value), as ops._flat."""
-    v = t.reshape(-1)
-    return v, (0 if v.numel() == 1 else v.stride(0))
-
-
 def tma_ok(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> str | None:
     """None when the TMA kernels can serve these tensors, else why not (16-byte aligned rows, unit stride)."""
     if a.dtype != torch.int8 or w.dtype != torch.int8:
@@ -226,9 +221,9 @@ def launch(
 
     m, k = a.shape
     n = w.shape[0]
-    ws1, s_ws = _flat(ws)
-    xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
-    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
+    ws1, s_ws = flat(ws)
+    xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
     tiles = ((m + v.bm - 1) // v.bm) * ((n + v.bn - 1) // v.bn)
     if v.persistent:
         cap = v.progs_per_sm * _num_sms()

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import one_line
+from .launch_args import cdiv
 from .mx_kernels import E2M1, E4M3, E5M2, _scale_f32, _scale_offsets
 
 BITS, CVT, F16BITS = 1, 2, 3
@@ -391,10 +392,6 @@ def as_words(w: torch.Tensor) -> Optional[torch.Tensor]:
     return w.view(torch.int32)
 
 
-def _cdiv(a: Any, b: int) -> Any:
-    return (a + b - 1) // b
-
-
 def launch_decode(
     cfg: DecodeConfig,
     x: torch.Tensor,
@@ -441,7 +438,7 @@ def launch_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.kernel == "mm":
-        grid = (_cdiv(m, cfg.block_m) * gate, _cdiv(n, cfg.block_n))
+        grid = (cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n))
         k(mx_decode_mm_kernel)[grid](
             x, w_words, s_t, b, out, m, n, kw, x_mul, s_mul,
             x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad,
@@ -451,9 +448,9 @@ def launch_decode(
         return
     split = cfg.split_k
     common.update(X_PRESCALE=xsh != 0, PREFETCH=cfg.prefetch)
-    kw_split = _cdiv(_cdiv(kw, split), cfg.block_kw) * cfg.block_kw
+    kw_split = cdiv(cdiv(kw, split), cfg.block_kw) * cfg.block_kw
     even = kw % cfg.block_kw == 0 and kw_split * split == kw
-    grid = (_cdiv(m, cfg.block_m) * gate, _cdiv(n, cfg.block_n), split)
+    grid = (cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)
     if split == 1:
         k(mx_decode_gemv_kernel)[grid](
             x, w_words, s_t, b, out, m, n, kw, kw_split, x_mul, s_mul,
@@ -468,7 +465,7 @@ def launch_decode(
         part.stride(0), part.stride(1), part.stride(2), EVEN_K=even, **{**common, "HAS_BIAS": False},
     )  # fmt: skip
     rblock = 1024
-    k(mx_splitk_reduce_kernel)[(_cdiv(n, rblock), m * gate)](
+    k(mx_splitk_reduce_kernel)[(cdiv(n, rblock), m * gate)](
         part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK=rblock, num_warps=4,
     )  # fmt: skip

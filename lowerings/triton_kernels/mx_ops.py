@@ -21,6 +21,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from . import interpreted
+from .launch_args import cdiv, is_static
 from .mx_decode import BITS, CVT, DecodeConfig, as_words, launch_decode
 from .mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 
@@ -144,7 +145,7 @@ def _decode_words(a: torch.Tensor, w: torch.Tensor, a_fmt: int, w_fmt: int) -> O
     if a_fmt != FLOAT or w_fmt not in (E2M1, E4M3) or a.dtype not in (torch.bfloat16, torch.float16):
         return None
     k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
-    if not _is_static(k) or int(k) % 32 or not w.is_contiguous():  # contiguous: Inductor's view keeps it
+    if not is_static(k) or int(k) % 32 or not w.is_contiguous():  # contiguous: Inductor's view keeps it
         return None
     return as_words(w)
 
@@ -157,14 +158,6 @@ def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
     if hi is not None:
         g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
     return g
-
-
-def _cdiv(a: Any, b: int) -> Any:
-    return (a + b - 1) // b
-
-
-def _is_static(x: Any) -> bool:
-    return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
 
 
 def _scale_args(s: Optional[torch.Tensor], swizzled: bool, k: int) -> tuple[Any, int, int, int]:
@@ -212,9 +205,9 @@ def launch(
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.kernel == "gemv":
-        wrap_triton(mx_gemv_kernel)[(_cdiv(n, cfg.block_n) * gate, m)](*args, **common)
+        wrap_triton(mx_gemv_kernel)[(cdiv(n, cfg.block_n) * gate, m)](*args, **common)
         return
-    grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * gate,)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate,)
     wrap_triton(mx_mm_kernel)[grid](
         *args, FP8_MMA=fp8_mma(a_fmt, w_fmt), DOT_BF16=(dot_dtype or a.dtype) != torch.float16,
         BLOCK_M=cfg.block_m, GROUP_M=cfg.group_m, **common,
@@ -246,7 +239,7 @@ def mx_linear(
     if words is not None:
         _decode_or_current(m, a, words, w, w_scale, bias, out, fmts)
         return out
-    if _is_static(m):
+    if is_static(m):
         launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts)
         return out
     small = pick_config(1, a_fmt, w_fmt)
@@ -274,7 +267,7 @@ def _decode_or_current(
     and split-K scratch); the others take the symbolic M (the kernels mask rows against it).
     """
     a_fmt, w_fmt, _, w_swz = fmts
-    k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if _is_static(w.shape[0]) else -1
+    k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if is_static(w.shape[0]) else -1
 
     def run(cfg: Optional[DecodeConfig], cur: MXConfig, gate: Any, rows: Any) -> None:
         if cfg is None:
@@ -282,7 +275,7 @@ def _decode_or_current(
         else:
             launch_decode(cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows)
 
-    if _is_static(m):
+    if is_static(m):
         mi = int(m)
         if mi == 0:
             return

@@ -16,21 +16,8 @@ from . import configs, interpreted
 from .configs import KernelConfig
 from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
+from .launch_args import cdiv, flat, is_static
 from .woq_decode import woq_decode_kernel
-
-
-def _cdiv(a: Any, b: int) -> Any:
-    return (a + b - 1) // b
-
-
-def _is_static(x: Any) -> bool:
-    return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
-
-
-def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A 1-D view and its stride: 0 for a per-tensor value, so the kernel reads one element for all."""
-    v = t.reshape(-1)
-    return v, (0 if v.numel() == 1 else v.stride(0))
 
 
 def _launch(
@@ -51,14 +38,14 @@ def _launch(
             _launch_tma(cfg, a, w, ws, xs, bias, out)
             return
         cfg = configs.TMA_FALLBACK
-    ws1, s_ws = _flat(ws)
-    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
+    ws1, s_ws = flat(ws)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
     even_k = k % cfg.block_k == 0
     common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.kernel == "decode":
         assert a.dtype != torch.int8 and xs is None and cfg.split_k == 1, "decode: woq-int8, no split-K"
         # grid (N tiles, M tiles, 1): split-K none, so the scratch / counter pointers are never read
-        grid = (_cdiv(n, cfg.block_n) * gate, _cdiv(m, cfg.block_m), 1)
+        grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), 1)
         wrap_triton(woq_decode_kernel)[grid](
             a, w, ws1, b1, out, ws1, ws1, m, n, k, k,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
@@ -68,7 +55,7 @@ def _launch(
         )  # fmt: skip
         return
     if cfg.kernel == "gemv":
-        grid = (_cdiv(n, cfg.block_n) * gate, _cdiv(m, cfg.block_m), cfg.split_k)
+        grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), cfg.split_k)
         wrap_triton(woq_int8_gemv_kernel)[grid](
             a, w, ws1, b1, out, m, n, k,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
@@ -76,8 +63,8 @@ def _launch(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
-    xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
-    grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * gate, cfg.split_k, 1)
+    xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate, cfg.split_k, 1)
     wrap_triton(qlinear_mm_kernel)[grid](
         a, w, ws1, xs1, b1, out, m, n, k,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
@@ -97,7 +84,7 @@ def _decode_cvt(cvt: int, a: torch.Tensor) -> int:
 
 
 def _aligned(x: Any) -> bool:
-    return _is_static(x) and int(x) % 16 == 0
+    return is_static(x) and int(x) % 16 == 0
 
 
 def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: Any) -> str | None:
@@ -105,7 +92,7 @@ def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: 
     row strides, unit inner strides; the persistent grid needs a static M (and no dynamic-M gate)."""
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         return "not an sm_90 GPU"
-    if not (_is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
+    if not (is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
         return "the persistent grid needs a static, non-zero M"
     if a.dtype != torch.int8 or w.dtype != torch.int8:
         return "int8 operands only"
@@ -147,10 +134,10 @@ def _launch_tma(
     _ensure_allocator()
     m = int(a.shape[0])
     n, k = w.shape
-    ws1, s_ws = _flat(ws)
-    xs1, s_xs = _flat(xs) if xs is not None else (ws1, 0)
-    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
-    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    ws1, s_ws = flat(ws)
+    xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     # 4 SMs in the interpreter
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
     wrap_triton(int8_mm_tma_dev_kernel)[(max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)](
@@ -174,7 +161,7 @@ def _run(
     """Static M: the table's config for M. Dynamic M: skinny kernel for M <= split, tiled above (gated grids)."""
     m = a.shape[0]
     n, k = w.shape
-    if _is_static(m):
+    if is_static(m):
         launches = [(static_cfg(int(m), k, n), 1)]
     else:
         split, small, large = dynamic_cfgs(k, n)

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from . import one_line
+from .launch_args import cdiv, flat
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
 _ASM_I8_F32 = tl.constexpr(
@@ -318,15 +319,6 @@ class DecodeConfig:
         return s
 
 
-def _cdiv(a: Any, b: int) -> Any:
-    return (a + b - 1) // b
-
-
-def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    v = t.reshape(-1)
-    return v, (0 if v.numel() == 1 else v.stride(0))
-
-
 def woq_decode(
     cfg: DecodeConfig,
     x: torch.Tensor,
@@ -346,11 +338,11 @@ def woq_decode(
     n, k = w.shape
     split = cfg.split_k
     red = REDUCE_CODES[cfg.reduce] if split > 1 else 0
-    k_split = _cdiv(_cdiv(k, split), cfg.block_k) * cfg.block_k
-    ws1, s_ws = _flat(ws)
-    b1, s_b = _flat(bias) if bias is not None else (ws1, 0)
-    tiles_n = _cdiv(n, cfg.block_n)
-    tiles_m = _cdiv(m, cfg.block_m)
+    k_split = cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k
+    ws1, s_ws = flat(ws)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    tiles_n = cdiv(n, cfg.block_n)
+    tiles_m = cdiv(m, cfg.block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part: torch.Tensor = out
     cnt: torch.Tensor = out
@@ -377,7 +369,7 @@ def woq_decode(
         return part.to(x.dtype)
     if red == 3:
         blk = 1024
-        wrap(woq_splitk_reduce_kernel)[(_cdiv(n, blk), m)](
+        wrap(woq_splitk_reduce_kernel)[(cdiv(n, blk), m)](
             part, ws1, b1, out, m, n, s_ws, s_b, out.stride(0), out.stride(1),
             HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=blk, num_warps=4,
         )  # fmt: skip
