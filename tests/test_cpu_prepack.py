@@ -143,3 +143,26 @@ def test_switch_off(monkeypatch):
     _, report = rewrite_and_run(IntMMDivide(K, N), _x(), families=FAMILY)
     (d,) = report
     assert d.lowering == "aten._int_mm" and "QLOWER_CPU_PREPACK_CACHE=0" in d.reason
+
+
+def test_torchao_model_packs_once_and_matches_float64():
+    """A real producer: torchao's Int8DynamicActivationInt8WeightConfig. Its int8 data is a tensor-subclass
+    field, flattened into a graph input: the same tensor on every call, so one pack serves them all."""
+    from dynamic_int8_forms import torchao_linear
+
+    model = torchao_linear(K, N, bias=True)
+    CACHE.clear()
+    packs = CACHE.packs
+    fn = torch.compile(model, options=qlower.inductor_options(families=FAMILY))
+    with torch.no_grad():
+        for seed in (1, 2, 3):
+            x = _x(seed=seed).to(torch.bfloat16)
+            out, eager = fn(x), model(x)
+            w = model[0].weight
+            ref = (
+                x.double() @ (w.qdata.double() * w.scale.double().reshape(-1, 1)).t() + model[0].bias.double()
+            )
+            err, eager_err = (out.double() - ref).abs().max(), (eager.double() - ref).abs().max()
+            assert err <= 1.05 * eager_err, (err, eager_err)
+    assert [d.lowering for d in qlower.last_report()] == [CACHED]
+    assert CACHE.packs - packs == 1
