@@ -46,10 +46,15 @@ def _geometry(w: torch.Tensor) -> tuple:
 
 
 class PrepackCache:
-    """Packed weights by owning tensor; see the module docstring for when an entry is trusted."""
+    """Packed weights by owning tensor and view; see the module docstring for when an entry is trusted.
+
+    Keyed by (owner, the view's shape, strides, offset and layout flag), so several views of one storage
+    (e.g. a fused weight sliced per linear) each keep their own pack instead of evicting each other.
+    """
 
     def __init__(self) -> None:
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[tuple, _Entry] = {}
+        self._watched: set[int] = set()  # owners with a finalizer that drops their entries
         self._lock = threading.Lock()
         self.packs = 0  # how many times a weight was packed (tests read it)
 
@@ -66,7 +71,8 @@ class PrepackCache:
         if w.is_inference():
             return self._pack(w, w_is_kn)
         owner = w._base if w._base is not None else w
-        key, version, geometry = id(owner), owner._version, (_geometry(w), w_is_kn)
+        key = (id(owner), tuple(w.shape), tuple(w.stride()), w.storage_offset(), w_is_kn)
+        version, geometry = owner._version, _geometry(w)
         with self._lock:
             entry = self._entries.get(key)
             if (
@@ -78,14 +84,17 @@ class PrepackCache:
                 return entry.packed
         packed = self._pack(w, w_is_kn)
         with self._lock:
-            if key not in self._entries:
-                weakref.finalize(owner, self._drop, key)
+            if id(owner) not in self._watched:
+                self._watched.add(id(owner))
+                weakref.finalize(owner, self._drop, id(owner))
             self._entries[key] = _Entry(weakref.ref(owner), version, geometry, packed)
         return packed
 
-    def _drop(self, key: int) -> None:
+    def _drop(self, owner_id: int) -> None:
         with self._lock:
-            self._entries.pop(key, None)
+            self._watched.discard(owner_id)
+            for key in [k for k in self._entries if k[0] == owner_id]:
+                del self._entries[key]
 
     def _pack(self, w: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
         self.packs += 1

@@ -82,6 +82,19 @@ def test_views_key_on_their_base_and_kn_layout():
     assert cache.packs == 2
 
 
+def test_views_of_one_storage_keep_their_own_packs():
+    """A fused weight sliced per linear: alternating between the slices must not repack every call."""
+    cache, fused = PrepackCache(), torch.cat([_new_int8(0), _new_int8(1)])
+    for _ in range(3):
+        _packed_of(cache, fused[:N])
+        _packed_of(cache, fused[N:])
+    assert cache.packs == 2 and len(cache) == 2
+    fused[N:].add_(0)  # a write through either view bumps the shared version counter: both repack
+    _packed_of(cache, fused[:N])
+    _packed_of(cache, fused[N:])
+    assert cache.packs == 4
+
+
 def test_inference_tensors_are_never_cached():
     cache = PrepackCache()
     with torch.inference_mode():
