@@ -28,7 +28,7 @@ import torch
 from torch import fx
 from torch._inductor.virtualized import V
 
-from qlower.patterns.graph_utils import aten, is_static
+from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
 from . import cpu_prepack
@@ -101,16 +101,12 @@ def weight_is_frozen(rec: QuantLinear) -> bool:
     return placeholders.index(node) < len(params)
 
 
-_VIEW_OPS = (aten.permute.default, aten.t.default, aten.view.default, aten._unsafe_view.default)
-
-
 def weight_is_stored(rec: QuantLinear) -> bool:
-    """Whether the weight is a graph input or attribute (through views only): the same tensor on every call,
-    so a run-time cache keyed on it can hit. A weight computed in the graph is new on every call."""
-    node = rec.weight
-    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _VIEW_OPS:
-        node = node.args[0]
-    return isinstance(node, fx.Node) and node.op in ("placeholder", "get_attr")
+    """Whether the weight node is itself a graph input or attribute: Inductor then passes the caller's own
+    tensor to the op on every call, with its version counter, so a run-time cache can hit and can see
+    in-place writes. A view of one (slice, transpose) reaches the op as `reinterpret_tensor`, a new tensor
+    each call that shares the storage but not the version counter; a computed weight is new every call."""
+    return isinstance(rec.weight, fx.Node) and rec.weight.op in ("placeholder", "get_attr")
 
 
 def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
@@ -150,7 +146,7 @@ def _supports_cpu_qlinear_cached(rec: QuantLinear) -> str | None:
     if V.aot_compilation:
         return "AOTInductor: the package has no Python run time for the cache (the C shims cover _int_mm)"
     if not weight_is_stored(rec):
-        return "the weight is computed in the graph (a new tensor every call, so a cache could never hit)"
+        return "the weight is a view or computed in the graph (a new tensor every call: a cache cannot hit)"
     if not (is_static(rec.k) and is_static(rec.n)) or rec.k * rec.n < CPU_CACHED_MIN_WEIGHT:
         return f"K*N={rec.k}*{rec.n} < 2^22: the cached qlinear's fixed cost outweighs the re-pack it saves"
     return None

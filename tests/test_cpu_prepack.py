@@ -179,3 +179,43 @@ def test_torchao_model_packs_once_and_matches_float64():
             assert err <= 1.05 * eager_err, (err, eager_err)
     assert [d.lowering for d in qlower.last_report()] == [CACHED]
     assert CACHE.packs - packs == 1
+
+
+class _FusedHalves(torch.nn.Module):
+    """Two dynamic-int8 linears whose weights are the halves of one fused [2N, K] int8 buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("q", torch.cat([_new_int8(0), _new_int8(1)]))
+        self.register_buffer("s", torch.rand(2 * N) / 64 + 1e-3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from dynamic_int8_forms import per_token
+
+        xq, sx = per_token(x.reshape(-1, K))
+        a = torch._int_mm(xq, self.q[:N].t()) * sx * self.s[:N]
+        b = torch._int_mm(xq, self.q[N:].t()) * sx * self.s[N:]
+        return a + b
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.q.double() * self.s.double()[:, None]
+        x2 = x.reshape(-1, K).double()
+        return x2 @ w[:N].t() + x2 @ w[N:].t()
+
+
+def test_slices_of_a_fused_weight_are_not_cached():
+    """Inductor passes a slice of a graph input as `reinterpret_tensor`: a new tensor every call, without the
+    input's version counter, so an in-place write could not be seen. Such weights keep `_int_mm`."""
+    model, x = _FusedHalves(), _x()
+    CACHE.clear()
+    packs = CACHE.packs
+    fn = torch.compile(model, options=qlower.inductor_options(families=FAMILY))
+    with torch.no_grad():
+        for seed in (1, 2):
+            x = _x(seed=seed)
+            out, eager, ref = fn(x), model(x), model.reference(x)
+            assert (out.double() - ref).abs().max() <= 1.02 * (eager.double() - ref).abs().max() + 1e-6
+    decisions = qlower.last_report()
+    assert [d.lowering for d in decisions] == ["aten._int_mm", "aten._int_mm"]
+    assert all("a view or computed" in d.reason for d in decisions)
+    assert CACHE.packs == packs
