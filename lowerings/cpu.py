@@ -24,7 +24,7 @@ from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
-from .woq_int8_emit import emit_int8pack_mm, make_emit_int8pack_by_m
+from .woq_int8_emit import emit_int8_weight_mm, emit_int8pack_mm, make_emit_int8pack_by_m
 
 # Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype.
 PACKED_MAX_M = {torch.bfloat16: 64, torch.float16: 1, torch.float32: 1}
@@ -82,12 +82,46 @@ WOQ_INT8_PACKED_BY_M_CPU = Lowering(
 )
 
 
+# int8 -> float into a reused buffer + GEMM, for float weights of >= 16 MiB. glibc serves allocations of 32 MiB
+# and more from a fresh mmap, and in this VM the first touch of each page faults: converting int8 to bf16 into
+# a fresh tensor took 19.2 ms at 4096x4096 against 2.2 ms into a reused buffer (1 thread); at 4096x3072
+# 2.1 vs 1.7 ms, at 2048x2048 and below equal, where the custom op's fixed cost made it a loss
+# (1.60 vs 1.45 ms for the whole M=128, 1024x1024 linear).
+SCRATCH_MIN_BYTES = 16 * 2**20
+
+
+def _supports_scratch_mm(rec: QuantLinear) -> str | None:
+    from torch._inductor.virtualized import V
+
+    if rec.compute_dtype not in PACKED_MAX_M:
+        return f"activation dtype {rec.compute_dtype} is not a float GEMM dtype"
+    if not (is_static(rec.m) and is_static(rec.k) and is_static(rec.n)):
+        return "M, K or N is symbolic (the by-M lowering decides at run time)"
+    nbytes = int(rec.k) * int(rec.n) * rec.compute_dtype.itemsize
+    if nbytes < SCRATCH_MIN_BYTES:
+        return f"the float weight ({nbytes >> 20} MiB) is < 16 MiB: Inductor's fused dequant is as fast"
+    if V.aot_compilation:
+        return "AOTInductor: the package has no Python run time for the reused buffer"
+    return None
+
+
+WOQ_INT8_SCRATCH_MM_CPU = Lowering(
+    name="qlower.int8_weight_mm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_scratch_mm,
+    emit=emit_int8_weight_mm,
+    doc="int8 weight converted into a reused per-thread buffer, float GEMM, scale in the epilogue",
+)
+
+
 def register() -> None:
     register_backend(
         "cpu",
         [
             WOQ_INT8_PACKED_CPU,
             WOQ_INT8_PACKED_BY_M_CPU,
+            WOQ_INT8_SCRATCH_MM_CPU,
             WOQ_INT8_DEQUANT_MM,
             DYNAMIC_INT8_QLINEAR_CPU,
             DYNAMIC_INT8_QLINEAR_CACHED_CPU,

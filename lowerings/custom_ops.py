@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .cpu_prepack import CACHE
+from .cpu_scratch import scratch
 
 aten = torch.ops.aten
 
@@ -18,15 +19,16 @@ def _woq_int8_mm_by_m(
 ) -> torch.Tensor:
     """x [M, K] @ (w_nk int8 [N, K] * scale [N]).T, choosing the kernel by M when M is only known at run time.
 
-    Small M: `_weight_int8pack_mm` (it reads int8 weights: the decode win). Larger M: dequantize once and
-    use the float GEMM, since the packed kernel's cost grows with M much faster than a GEMM's.
+    Small M: `_weight_int8pack_mm` (it reads int8 weights: the decode win). Larger M: convert the weight into
+    a reused float buffer, float GEMM, then the scale, since the packed kernel's cost grows with M much faster
+    than a GEMM's (qlower/csrc/qlower_ops.cpp computes the same, for AOTInductor).
     """
     m = x.shape[0]
     if m == 0:
         return x.new_empty((0, w_nk.shape[0]))
     if m <= max_m_packed:
         return aten._weight_int8pack_mm(x.contiguous(), w_nk.contiguous(), scale.contiguous())
-    return torch.mm(x, (w_nk.to(x.dtype) * scale[:, None]).t())
+    return int8_weight_mm(x, w_nk, False) * scale
 
 
 @_woq_int8_mm_by_m.register_fake
@@ -81,6 +83,25 @@ def _(x_u8: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_is_kn: bool)
 
 qlinear_u8_cached = torch.ops.qlower.qlinear_u8_cached.default
 
+
+@torch.library.custom_op("qlower::int8_weight_mm", mutates_args=())
+def _int8_weight_mm(x: torch.Tensor, w: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
+    """x [M, K] @ w.to(x.dtype) with w int8 [N, K] (transposed) or [K, N] (`w_is_kn`), on CPU: the float copy
+    of the weight goes into a reused per-thread buffer (lowerings/cpu_scratch.py), so the conversion does not
+    page-fault a fresh allocation on every call. The int8 -> float conversion is exact; scale and bias stay in
+    the graph's epilogue."""
+    w_float = scratch(tuple(w.shape), x.dtype)
+    w_float.copy_(w)
+    return torch.mm(x, w_float if w_is_kn else w_float.t())
+
+
+@_int8_weight_mm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[1] if w_is_kn else w.shape[0]))
+
+
+int8_weight_mm = torch.ops.qlower.int8_weight_mm.default
+
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
 # cache): they never reach a package, so they get no C shim and no C++ kernel.
-PYTHON_RUNTIME_ONLY = frozenset({"qlower::qlinear_u8_cached"})
+PYTHON_RUNTIME_ONLY = frozenset({"qlower::qlinear_u8_cached", "qlower::int8_weight_mm"})

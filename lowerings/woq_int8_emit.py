@@ -79,3 +79,15 @@ def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     w_kn = em.transpose(deq) if rec.weight_layout == "NK" else deq
     core = em.call(aten.mm.default, rec.x, w_kn)
     return finish(em, rec, core)
+
+
+def emit_int8_weight_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """`qlower::int8_weight_mm` (x @ w.to(x.dtype), the float weight in a reused CPU buffer), then the scale,
+    bias and output dtype in the fused epilogue: the gpt-fast form's own arithmetic, mm then scale."""
+    em = Emitter(graph, rec.output)
+    core = em.call(custom_ops.int8_weight_mm, em.contiguous(rec.x), rec.weight, rec.weight_layout == "KN")
+    if rec.weight_scale is not None:
+        sv = tensor_val(rec.weight_scale)
+        sdtype = torch.promote_types(sv.dtype if sv is not None else rec.compute_dtype, rec.compute_dtype)
+        core = em.call(aten.mul.Tensor, core, scale_vector(em, rec, sdtype))
+    return finish(em, rec, core)

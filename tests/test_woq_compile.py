@@ -51,6 +51,42 @@ def test_numerics_and_code(form, dtype, sdtype, bias, shape, lowering):
         FileCheck().check("extern_kernels.mm").check_not("_weight_int8pack_mm").run(code)
 
 
+@pytest.mark.parametrize(
+    "form,dtype,sdtype,bias",
+    [("gpt_fast", BF16, FP32, True), ("kn_weight", BF16, BF16, False), ("scale_first", FP16, FP16, True)],
+)
+def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias):
+    """Float weights of >= 16 MiB above the packed kernel's M: the int8 -> float copy goes into a per-thread
+    buffer that the next call reuses (a fresh 32 MiB tensor page-faults on every call on the CI VM)."""
+    from qlower.lowerings.cpu_scratch import scratch
+
+    model = WoqLinear(4096, 2048, dtype, form=form, bias=bias, scale_dtype=sdtype)
+    xs = [torch.randn(80, 4096, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in (1, 2)]
+    outs, code, report = compile_and_run(model, *xs)
+    assert [d.lowering for d in report] == ["qlower.int8_weight_mm"], report.table()
+    FileCheck().check("torch.ops.qlower.int8_weight_mm.default(").check_not("_weight_int8pack_mm").run(code)
+    with torch.no_grad():
+        for out, x in zip(outs, xs, strict=True):
+            assert_close_to_reference(out, model(x), model.reference(x))
+    buf = scratch((2048, 4096), dtype)
+    assert buf.untyped_storage().data_ptr() == scratch((4096, 2048), dtype).untyped_storage().data_ptr()
+
+
+def test_scratch_grows_and_is_per_thread():
+    import threading
+
+    from qlower.lowerings.cpu_scratch import scratch
+
+    small = scratch((8, 8), torch.float32)
+    big = scratch((64, 64), torch.float32)
+    assert big.shape == (64, 64) and scratch((8, 8), torch.float32).data_ptr() == big.data_ptr()
+    other: list[int] = []
+    t = threading.Thread(target=lambda: other.append(scratch((8, 8), torch.float32).data_ptr()))
+    t.start()
+    t.join()
+    assert other[0] != big.data_ptr() and small.numel() == 64
+
+
 def test_dynamic_m_switches_kernel_at_run_time():
     model = WoqLinear(64, 48, BF16)
     xs = [torch.randn(2, m, 64, dtype=BF16) for m in (1, 3, 70)]  # M = 2, 6, 140: both sides of 64

@@ -21,7 +21,7 @@ at::Tensor woq_int8_mm_by_m(const at::Tensor& x, const at::Tensor& w_nk, const a
   if (m <= max_m_packed) {
     return at::_weight_int8pack_mm(x.contiguous(), w_nk.contiguous(), scale.contiguous());
   }
-  return at::mm(x, w_nk.to(x.scalar_type()).mul(scale.unsqueeze(1)).t());
+  return at::mm(x, w_nk.to(x.scalar_type()).t()).mul(scale);  // as the Python kernel: mm, then scale
 }
 
 // x int8 [M, K] @ w_nk int8 [N, K].T -> int32, zero-padding M up to min_m for kernels that need it.
