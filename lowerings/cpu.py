@@ -26,8 +26,11 @@ from .preference import KernelPreference
 from .registry import Lowering, register_backend
 from .woq_int8_emit import emit_int8_weight_mm, emit_int8pack_mm, make_emit_int8pack_by_m
 
-# Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype.
-PACKED_MAX_M = {torch.bfloat16: 64, torch.float16: 1, torch.float32: 1}
+# Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype. bf16, 1 thread
+# (session 2, once the float copy stopped page-faulting): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
+# (4096->14336), 0.25 vs 0.34 ms (1024^2); M=16 packed 8.73 vs 7.42 ms, 29.4 vs 24.1 ms, 0.48 vs 0.41 ms.
+# (It was 64 while the dequant + GEMM paid ~16 ms of page faults per call at 4096^2.)
+PACKED_MAX_M = {torch.bfloat16: 8, torch.float16: 1, torch.float32: 1}
 
 
 def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:

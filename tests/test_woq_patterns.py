@@ -85,7 +85,7 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
     def test_large_m_uses_dequant_mm(self):
         text, report = lowered(WoqLinear(64, 32, BF16), torch.randn(256, 64, dtype=BF16))
         self.assertEqual(report.entries[0].lowering, "dequant_mm")
-        self.assertIn("M=256 > 64", report.entries[0].reason)
+        self.assertIn("M=256 > 8", report.entries[0].reason)
         self.assertExpectedInline(
             text,
             """\
@@ -104,7 +104,7 @@ mm_default: bfloat16[256, 32] = aten.mm(arg2_1, permute_default)""",
             """\
 mul_3: sym = mul(arg2_1, arg3_1)
 view: bfloat16[s27*s77, 64] = aten.view(arg4_1, [mul_3, 64])
-woq_int8_mm_by_m_default: bfloat16[s27*s77, 32] = qlower.woq_int8_mm_by_m(view, arg0_1, arg1_1, 64)
+woq_int8_mm_by_m_default: bfloat16[s27*s77, 32] = qlower.woq_int8_mm_by_m(view, arg0_1, arg1_1, 8)
 reshape_default: bfloat16[s77, s27, 32] = aten.reshape(woq_int8_mm_by_m_default, [arg2_1, arg3_1, 32])""",
         )
 
