@@ -1,8 +1,9 @@
 """CPU backend: `_weight_int8pack_mm` where it is correct and faster than the alternatives, else fused dequant.
 
 Measured on the CI CPU (2-core AVX512 EPYC, torch 2.13, 4096x4096, see BENCHMARKS.md): the packed kernel is
-a GEMV per row, so its cost grows linearly with M (bf16: 0.5 ms at M=1, 3.8 ms at M=16, 28.6 ms at M=128),
-while dequantize + bf16 GEMM costs ~13 ms + the GEMM. With fp16/fp32 activations the packed kernel is slow
+a GEMV per row, so its cost grows linearly with M (bf16: ~0.55 ms per row at 4096x4096), while converting
+the weight (2.2 ms into a reused buffer, see `SCRATCH_MIN_BYTES`) + bf16 GEMM costs little more than the GEMM:
+the packed kernel wins up to M=8. With fp16/fp32 activations the packed kernel is slow
 (7-9 ms at M=1) and only wins at M=1. With bf16 on AVX512 it needs K % 16 == 0 and does not check it
 (wrong numbers for K=8/24/40, a segfault for K=7/33: shared/notes/torch-internals.md).
 """
