@@ -228,3 +228,20 @@ def test_explicit_preference_error_surfaces_through_compile():
         torch.compile(model, options=qlower.inductor_options(kernel_preference="triton"))(
             torch.randn(2, 64, dtype=BF16)
         )
+
+
+def test_torchao_large_weight_uses_the_reused_buffer():
+    """A real producer: torchao Int8WeightOnlyConfig on a 4096 -> 2048 linear at M = 80 (above the packed
+    kernel's range, float weight 16 MiB): lowered to `qlower.int8_weight_mm`, within eager's error."""
+    torchao_quant = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 2048, bias=True)).to(BF16)
+    torchao_quant.quantize_(model, torchao_quant.Int8WeightOnlyConfig())
+    x = torch.randn(2, 40, 4096, dtype=BF16)
+    with torch.no_grad():
+        eager = model(x)
+        out = torch.compile(model, options=qlower.inductor_options())(x)
+    assert [d.lowering for d in qlower.last_report()] == ["qlower.int8_weight_mm"]
+    w = model[0].weight
+    ref = x.double() @ (w.qdata.double() * w.scale.double().reshape(-1, 1)).t() + model[0].bias.double()
+    assert (out.double() - ref).abs().max() <= 1.05 * (eager.double() - ref).abs().max()
