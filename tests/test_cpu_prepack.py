@@ -219,3 +219,20 @@ def test_slices_of_a_fused_weight_are_not_cached():
     assert [d.lowering for d in decisions] == ["aten._int_mm", "aten._int_mm"]
     assert all("a view or computed" in d.reason for d in decisions)
     assert CACHE.packs == packs
+
+
+def test_dynamic_m_including_zero_and_one():
+    """Dynamic M is served by the cached qlinear; Dynamo specializes M = 0 and 1, which recompile (M = 1: the
+    `_int_mm` GEMV). Every call matches eager."""
+    model = IntMMDivide(K, N)
+    fn = torch.compile(model, options=qlower.inductor_options(families=FAMILY), dynamic=True)
+    with torch.no_grad():
+        for i, m in enumerate((5, 9, 1, 0, 7)):
+            x = _x(m=m, seed=m)
+            out = fn(x)
+            assert out.shape == (2, m, N)
+            if m:
+                _assert_matches_eager(out, model, x)
+            if i == 0:
+                (d,) = qlower.last_report()
+                assert d.lowering == CACHED and not isinstance(d.shape[0], int), d
