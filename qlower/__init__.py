@@ -17,6 +17,7 @@ from qlower.lowerings import (
 from qlower.passes import Decision, QLowerPass, Report, all_reports, clear_reports, last_report
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 
+from .cpu_memory import keep_freed_cpu_memory
 from .options import inductor_options
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "all_reports",
     "clear_reports",
     "inductor_options",
+    "keep_freed_cpu_memory",
     "last_report",
     "register_backend",
     "unregister_backend",
