@@ -44,7 +44,7 @@ N_WEIGHTS = 2 if SMOKE else 8
 DEV = "cpu" if SMOKE else "cuda"
 ACT = torch.float16 if SMOKE else torch.bfloat16
 SHAPES_KN = ((256, 96), (128, 64)) if SMOKE else ((4096, 14336), (4096, 4096), (14336, 4096))
-MS = (1, 4, 16)
+MS = tuple(int(v) for v in os.environ.get("MX_EXP_MS", "1,4,16").split(","))
 HBM_TBPS = 4.8  # H200 datasheet; the floor below is bytes / this
 TOL = 1e-2
 
@@ -97,6 +97,8 @@ def candidates(fmt_name: str, m: int) -> list[Any]:
     from qlower.lowerings.triton_kernels.mx_decode import BITS, CVT, F16BITS, DecodeConfig
 
     fp4 = fmt_name == "mxfp4"
+    if os.environ.get("MX_EXP_HFMA", "1") != "0":  # the f16x2 GEMV (mx_hfma) against today's pick
+        return hfma_candidates(m)
     if SMOKE:
         return [
             DecodeConfig("gemv", BITS, 16, 8, 4, 1, block_m=min(m, 4)),
@@ -133,6 +135,23 @@ def candidates(fmt_name: str, m: int) -> list[Any]:
     out += [DecodeConfig("gemv", d, 16, 64, 4, 1, block_m=4, prefetch=True) for d in decodes[:2]]
     out += [DecodeConfig("gemv", decodes[0], 16, 32, 4, 1, block_m=8, prefetch=True)]
     return out
+
+
+def hfma_candidates(m: int) -> list[Any]:
+    """`mx_hfma` shapes: (block_n, block_kw, warps, prefetch, split_k) per M (block_m 2 above M=1)."""
+    from qlower.lowerings.triton_kernels.mx_decode import CVT, DecodeConfig
+
+    if SMOKE:
+        return [DecodeConfig("hfma", CVT, 16, 8, 4, 1, block_m=min(m, 2), prefetch=True)]
+    if m == 1:
+        shapes = [(32, 64, 4, True, 1), (16, 64, 4, True, 1), (64, 32, 4, True, 1), (32, 32, 4, True, 1),
+                  (64, 64, 8, True, 1), (16, 128, 4, False, 1), (128, 16, 4, True, 1), (32, 64, 4, True, 2),
+                  (16, 64, 4, True, 2), (32, 32, 2, True, 1)]  # fmt: skip
+        return [DecodeConfig("hfma", CVT, bn, kw, w, 1, prefetch=pf, split_k=sk) for bn, kw, w, pf, sk in shapes]
+    shapes = [(16, 64, 4, True, 1), (32, 32, 4, True, 1), (32, 64, 4, True, 2), (64, 32, 8, True, 1)]
+    return [
+        DecodeConfig("hfma", CVT, bn, kw, w, 1, block_m=2, prefetch=pf, split_k=sk) for bn, kw, w, pf, sk in shapes
+    ]
 
 
 # ---------------------------------------------------------------- one point
@@ -175,6 +194,12 @@ def run_point(fmt_name: str, m: int, k: int, n: int, x16: torch.Tensor, sets: li
         f"current {cur_cfg}",
         [(lambda s=s: mx_ops.launch_config(cur_cfg, x, None, s["q"], s["e"], None, 0, wfmt)) for s in sets],
     )
+    picked = mx_ops.pick_decode(m, wfmt, k, n)
+    if picked is not None:
+        pt["picked"] = timed(
+            f"picked {picked.short()}",
+            [(lambda s=s: D.mx_decode_linear(picked, x, s["q"], s["e"], None, wfmt)) for s in sets],
+        )
     for cfg in candidates(fmt_name, m):
         row = timed(
             cfg.short(),
@@ -193,7 +218,8 @@ def run_point(fmt_name: str, m: int, k: int, n: int, x16: torch.Tensor, sets: li
         pt["best"] = None
     results["points"].append(pt)
     b = pt["best"]
-    log(f"{fmt_name} M={m:2d} {k}->{n}: bf16 {fmt_us(tb)}  current {fmt_us(tc)}  best "
+    log(f"{fmt_name} M={m:2d} {k}->{n}: bf16 {fmt_us(tb)}  current {fmt_us(tc)}  "
+        f"picked {fmt_us(pt.get('picked', {}).get('us'))}  best "
         + (f"{b['us']:.1f} us [{b['config']}] = {fmt_x(pt['best_vs_bf16'])} bf16, "
            f"{fmt_x(pt['best_vs_current'])} current (floor {pt['hbm_floor_us']:.1f} us)" if b else "none")
         + "\n      " + ", ".join(f"{r['config']}: {fmt_us(r['us'])}" for r in pt["variants"]))  # fmt: skip

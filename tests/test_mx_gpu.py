@@ -132,7 +132,9 @@ def test_compiled_model_lowering_and_numerics(a_elem, w_elem, m, e8m0, pref, low
     ref = f(x)  # eager: the same quantization and dequantization in torch ops
     assert _rel(y, ref.double()) <= 1e-2
     code = "\n".join(codes)
-    mx_kernels = ("mx_gemv_kernel", "mx_mm_kernel", "mx_decode_gemv_kernel", "mx_decode_mm_kernel")
+    mx_kernels = (
+        "mx_gemv_kernel", "mx_mm_kernel", "mx_decode_gemv_kernel", "mx_decode_mm_kernel", "mx_hfma_gemv_kernel"
+    )  # fmt: skip
     assert any(name in code for name in mx_kernels) == lowering.startswith("triton")
 
 
@@ -180,10 +182,11 @@ def test_aten_preference_is_refused_at_compile_time_on_this_gpu():
 
 
 @pytest.mark.parametrize("w_elem", ["e2m1", "e4m3"])
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("k,n", [(4096, 14336), (4096, 4256)])  # 4256: N off the decode tiles
 def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
-    """Weight-only MX at decode sizes: the mx_decode kernels (mx_ops.pick_decode) against float64."""
+    """Weight-only MX at decode sizes: the f16x2 GEMV (M <= 4, N > K) or the mx_decode dot kernel (M 5-16),
+    as mx_ops.pick_decode says, against float64."""
     from torch._inductor.utils import run_and_get_code
 
     f, _ = _model(None, w_elem, n, k)
@@ -191,7 +194,7 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
     y, codes = run_and_get_code(_compiled(f), x)
     assert [d.lowering for d in qlower.last_report()] == ["triton.mx_linear"]
     code = "\n".join(codes)
-    assert ("mx_decode_gemv_kernel" if m == 1 else "mx_decode_mm_kernel") in code
+    assert ("mx_hfma_gemv_kernel" if m <= 4 else "mx_decode_mm_kernel") in code
     w_ref = fmt.dequantize_f64(f.q, f.e, w_elem)
     ref = x.double() @ w_ref.t()
     assert not y.isnan().any()
@@ -202,12 +205,12 @@ def test_dynamic_m_decode_buckets():
     """A symbolic M launches one gated kernel per M bucket (decode kernels at M <= 16, tiles above)."""
     from torch._inductor.utils import run_and_get_code
 
-    f, _ = _model(None, "e2m1", 1056, 4256)  # N <= K: M 2-4 -> gemv m4, M 5-16 -> mm m16 (pick_decode)
+    f, _ = _model(None, "e2m1", 1056, 4256)  # N <= K: M 1-4 -> hfma, M 5-16 -> mm m16 (pick_decode)
     cf = _compiled(f, dynamic=True)
     for m in (2, 3, 9, 16, 40):
         x = torch.randn(m, 4256, device=DEV, dtype=torch.bfloat16)
         y, codes = run_and_get_code(cf, x) if m == 2 else (cf(x), None)
         if codes is not None:
-            assert "mx_decode_gemv_kernel" in "\n".join(codes) and "mx_decode_mm_kernel" in "\n".join(codes)
+            assert "mx_hfma_gemv_kernel" in "\n".join(codes) and "mx_decode_mm_kernel" in "\n".join(codes)
         ref = x.double() @ fmt.dequantize_f64(f.q, f.e, "e2m1").t()
         assert _rel(y, ref) <= 1e-2

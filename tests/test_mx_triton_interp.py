@@ -86,9 +86,13 @@ DECODE_SCRIPT = textwrap.dedent(
     G4PF = DecodeConfig("gemv", BITS, 8, 16, 4, 1, block_m=2, prefetch=True)
     MM4 = DecodeConfig("mm", BITS, 16, 8, 4, 1, block_m=16)   # fp4: 64 elements per dot step
     MM8 = DecodeConfig("mm", BITS, 16, 16, 4, 1, block_m=16)  # fp8: 64 elements per dot step
+    H1 = DecodeConfig("hfma", BITS, 16, 8, 4, 1, prefetch=True)  # mx_hfma (its exact fallback here)
+    H1SK = DecodeConfig("hfma", BITS, 16, 8, 4, 1, split_k=3)
+    H2 = DecodeConfig("hfma", BITS, 8, 16, 4, 1, block_m=2, prefetch=True)
+    H4SK = DecodeConfig("hfma", BITS, 8, 16, 4, 1, block_m=4, split_k=2)
 
-    def data(m, n, k, elem, adtype):
-        x, w = torch.randn(m, k) * 3, torch.randn(n, k) * 0.05
+    def data(m, n, k, elem, adtype, x_mag=3.0):
+        x, w = torch.randn(m, k) * x_mag, torch.randn(n, k) * 0.05
         wq, wc = fmt.quantize(w, elem)
         wref = fmt.dequantize_f64(wq, wc, elem)
         return x.to(adtype), wq.view(torch.uint8), wc, wref
@@ -107,6 +111,11 @@ DECODE_SCRIPT = textwrap.dedent(
         ("e5m2", G1, 2, 40, False, True, torch.float32),
         ("e2m1", MM4, 7, 40, True, True, torch.float16),
         ("e4m3", MM8, 16, 36, False, True, torch.float16),
+        ("e2m1", H1, 1, 40, False, True, torch.float16),
+        ("e2m1", H1SK, 1, 40, True, False, torch.float16),
+        ("e4m3", H2, 3, 36, True, True, torch.float16),
+        ("e2m1", H4SK, 6, 40, True, True, torch.float16),
+        ("e4m3", H4SK, 3, 40, False, True, torch.float16),
     ]
     K = 224
     for elem, cfg, m, n, swz, has_bias, adtype in CASES:
@@ -116,6 +125,12 @@ DECODE_SCRIPT = textwrap.dedent(
         out = mx_decode_linear(cfg, x, wq, fmt.to_swizzled(wc) if swz else wc, bias, ELEM_CODE[elem], swz,
                                out_dtype=torch.float32)
         report(f"{elem} {cfg.short()} M={m} N={n} swz={swz}", out, ref)
+
+    # hfma scales each 32-block of x into f16 range: x far outside it (fp32 input) still matches.
+    for elem, x_mag in (("e2m1", 1e6), ("e4m3", 1e-6)):
+        x, wq, wc, wref = data(2, 40, K, elem, torch.float32, x_mag)
+        out = mx_decode_linear(H2, x, wq, wc, None, ELEM_CODE[elem], False, out_dtype=torch.float32)
+        report(f"{elem} hfma |x|~{x_mag:g}", out, x.double() @ wref.t())
 
     # The triton_op's weight-only path: picks the (BITS-decoded) decode kernels per M bucket.
     for elem, m in (("e2m1", 1), ("e4m3", 1), ("e2m1", 3), ("e4m3", 9)):
@@ -139,7 +154,7 @@ def test_decode_kernels_in_triton_interpreter():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 12, proc.stdout
+    assert len(lines) == 19, proc.stdout
     assert all(line.endswith("OK") for line in lines), proc.stdout
 
 
@@ -153,8 +168,9 @@ def test_decode_table_matches_rules():
         for mm in {1: (1,), 4: (2, 3, 4), 16: (5, 16)}[m]:
             got = ops.pick_decode(mm, w_fmt, k, n)  # BITS-decoded when TRITON_INTERPRET is set here
             assert (got and dataclasses.replace(got, decode=CVT)) == cfg
-    assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.DEC_GEMV_M1  # wide N: no split
-    assert ops.decode_rule(1, ops.E2M1, 8192, 1024) == ops.DEC_GEMV_M1_SK2
+    assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.HF_M1  # wide N: no split
+    assert ops.decode_rule(1, ops.E2M1, 8192, 1024) == ops.HF_M1_SK2_FP4
+    assert ops.decode_rule(3, ops.E4M3, 8192, 1024) is None  # fp8, M 2-4, N <= K: the current kernel
     assert ops.decode_rule(17, ops.E4M3, 4096, 4096) is None  # above the measured range: current kernels
     assert ops.decode_rule(1, ops.E5M2, 4096, 4096) is None
-    assert ops.DEC_GEMV_M1.decode == CVT
+    assert ops.HF_M1.kernel == "hfma" and ops.DEC_MM_FP4.decode == CVT

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import one_line
+from . import interpreted, one_line
 from .launch_args import cdiv
 from .mx_kernels import E2M1, E4M3, E5M2, _scale_f32, _scale_offsets
 
@@ -342,7 +342,8 @@ def mx_decode_mm_kernel(
 # ------------------------------------------------------------------------------------------------ host side
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One launch shape. kernel 'gemv' (fma; block_m activation rows per program) or 'mm' (tl.dot)."""
+    """One launch shape. kernel 'gemv' (fp32 fma; block_m activation rows per program), 'hfma' (f16x2 fma,
+    `mx_hfma`; block_m 1 or 2; decode unused) or 'mm' (tl.dot)."""
 
     kernel: str
     decode: int
@@ -447,23 +448,28 @@ def launch_decode(
         )  # fmt: skip
         return
     split = cfg.split_k
-    common.update(X_PRESCALE=xsh != 0, PREFETCH=cfg.prefetch)
     kw_split = cdiv(cdiv(kw, split), cfg.block_kw) * cfg.block_kw
     even = kw % cfg.block_kw == 0 and kw_split * split == kw
-    grid = (cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)
-    if split == 1:
-        k(mx_decode_gemv_kernel)[grid](
-            x, w_words, s_t, b, out, m, n, kw, kw_split, x_mul, s_mul,
-            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad,
-            0, out.stride(0), out.stride(1), EVEN_K=even, **common,
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=out.device)
+    p_strides = (0, out.stride(0), out.stride(1)) if split == 1 else part.stride()
+    common.update(EVEN_K=even, PREFETCH=cfg.prefetch, HAS_BIAS=bias is not None and split == 1)
+    if cfg.kernel == "hfma":
+        from .mx_hfma import mx_hfma_gemv_kernel
+
+        common.pop("DECODE")
+        k(mx_hfma_gemv_kernel)[(cdiv(n, cfg.block_n), cdiv(m, cfg.block_m) * gate, split)](
+            x, w_words, s_t, b, part, m, n, kw, kw_split,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, *p_strides,
+            USE_ASM=not interpreted(), **common,
         )  # fmt: skip
+    else:
+        k(mx_decode_gemv_kernel)[(cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)](
+            x, w_words, s_t, b, part, m, n, kw, kw_split, x_mul, s_mul,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, *p_strides,
+            X_PRESCALE=xsh != 0, **common,
+        )  # fmt: skip
+    if split == 1:
         return
-    part = torch.empty((split, m, n), dtype=torch.float32, device=out.device)  # functional: traced as empty
-    k(mx_decode_gemv_kernel)[grid](
-        x, w_words, s_t, b, part, m, n, kw, kw_split, x_mul, s_mul,
-        x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad,
-        part.stride(0), part.stride(1), part.stride(2), EVEN_K=even, **{**common, "HAS_BIAS": False},
-    )  # fmt: skip
     rblock = 1024
     k(mx_splitk_reduce_kernel)[(cdiv(n, rblock), m * gate)](
         part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),

@@ -67,42 +67,41 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 
 
 # ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
-# Measured on the H200 2026-11-30 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8
-# rotating weight sets; bf16 activations; us: bf16 F.linear / current MX kernel above / decode kernel):
-#   M=1: gemv/cvt m1 n32 kw64 w4 s1 pf won every point. Split-K 2 won wherever N <= K (fp4 4096->4096
-#     12.6/28.6/11.6, 14336->4096 31.6/98.1/29.8; fp8 14336->4096 31.5/32.5/29.8, 4096->4096 13.8/11.0/11.2:
-#     a tie with the current one) and for fp8 at 4096->14336 too (30.4/22.5/19.1 vs 21.5 unsplit); fp4 at
-#     4096->14336 ran 24.9 unsplit vs 25.2 split (30.5/38.7 bf16/current). So: sk2 for fp8 always, and for
-#     fp4 when N <= K.
-#   M 2-4 (measured at M=4): wide N (N > K, 4096->14336) -> the m16 dot kernel (fp4 30.0/109.6/45.6 vs 64.2
-#     gemv m4; fp8 29.8/65.7/40.2). Otherwise fp4 -> gemv/cvt m4 n16 kw64 pf (4096->4096 13.5/38.4/18.8,
-#     14336->4096 31.9/127.4/61.3) and fp8 -> the current GEMV (4096->4096 19.1 vs 27.9 new, 14336->4096
-#     65.4 vs 90.6 new).
+# Measured on the H200 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8 rotating
+# weight sets; bf16 activations; us).
+# 2026-11-30, session 3: the f16x2 GEMV (`mx_hfma`, kernel "hfma") against the session-2 picks below:
+#   M=1: hfma n16 kw128 w4 (no prefetch) won wherever N >= K (fp4 4096->14336 14.7 vs 24.9, bf16 30.6;
+#     4096->4096 7.7 vs 11.4, bf16 13.6; fp8 4096->14336 16.9 vs 19.3, bf16 31.9; 4096->4096 10.4 vs 11.0);
+#     for K > N a 2-way K split (fp4 n32 kw64 pf 19.2 vs 29.5; fp8 n16 kw64 pf 28.5 vs 29.5, bf16 32).
+#   M=2..4 fp4: hfma m2 n32 kw64 sk2 pf everywhere (4096->14336 M=2 24.8 vs 45.5, M=4 40.0 vs 45.3;
+#     4096->4096 M=2 10.2 vs 18.3; 14336->4096 M=2 26.1 vs 58.7, M=4 47.2 vs 61.1).
+#   M=2..4 fp8: hfma m2 n16 kw64 pf for N > K (M=2 26.9 vs 40.2); else the current kernel (M=2 11.1 vs 14.8).
+# 2026-11-30, session 2 (the "gemv"/"mm" decode kernels against the older current kernel):
 #   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
 #     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
 #   M > 16: not measured; the current tile kernels.
 # Other (K, N) follow the same rules. E5M2 weights and MX activations keep the current kernels.
 DECODE_MAX_M = 16
-DEC_GEMV_M1 = DecodeConfig("gemv", CVT, block_n=32, block_kw=64, num_warps=4, num_stages=1, prefetch=True)
-DEC_GEMV_M1_SK2 = replace(DEC_GEMV_M1, split_k=2)
-DEC_GEMV_M4 = DecodeConfig(
-    "gemv", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1, block_m=4, prefetch=True
-)
+HF_M1 = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
+HF_M1_SK2_FP4 = DecodeConfig("hfma", CVT, block_n=32, block_kw=64, num_warps=4, num_stages=1, split_k=2, prefetch=True)
+HF_M1_SK2_FP8 = replace(HF_M1_SK2_FP4, block_n=16)
+HF_M2_FP4 = replace(HF_M1_SK2_FP4, block_m=2)
+HF_M2_FP8 = DecodeConfig("hfma", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1, block_m=2, prefetch=True)
 DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
 DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
 # The measured points, (w_fmt, M bucket's upper end, K, N) -> config (None: the current kernel); what the
 # rules give for them too (tests/test_mx_triton_interp.py checks that), kept as the record of the sweep.
 DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
-    (E2M1, 1, 4096, 14336): DEC_GEMV_M1,
-    (E2M1, 1, 4096, 4096): DEC_GEMV_M1_SK2,
-    (E2M1, 1, 14336, 4096): DEC_GEMV_M1_SK2,
-    (E4M3, 1, 4096, 14336): DEC_GEMV_M1_SK2,
-    (E4M3, 1, 4096, 4096): DEC_GEMV_M1_SK2,
-    (E4M3, 1, 14336, 4096): DEC_GEMV_M1_SK2,
-    (E2M1, 4, 4096, 14336): DEC_MM_FP4,
-    (E2M1, 4, 4096, 4096): DEC_GEMV_M4,
-    (E2M1, 4, 14336, 4096): DEC_GEMV_M4,
-    (E4M3, 4, 4096, 14336): DEC_MM_FP8,
+    (E2M1, 1, 4096, 14336): HF_M1,
+    (E2M1, 1, 4096, 4096): HF_M1,
+    (E2M1, 1, 14336, 4096): HF_M1_SK2_FP4,
+    (E4M3, 1, 4096, 14336): HF_M1,
+    (E4M3, 1, 4096, 4096): HF_M1,
+    (E4M3, 1, 14336, 4096): HF_M1_SK2_FP8,
+    (E2M1, 4, 4096, 14336): HF_M2_FP4,
+    (E2M1, 4, 4096, 4096): HF_M2_FP4,
+    (E2M1, 4, 14336, 4096): HF_M2_FP4,
+    (E4M3, 4, 4096, 14336): HF_M2_FP8,
     (E4M3, 4, 4096, 4096): None,
     (E4M3, 4, 14336, 4096): None,
     (E2M1, 16, 4096, 14336): DEC_MM_FP4,
@@ -120,14 +119,16 @@ def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
     if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
         return None
-    mm = DEC_MM_FP4 if w_fmt == E2M1 else DEC_MM_FP8
+    fp4 = w_fmt == E2M1
     if m == 1:
-        return DEC_GEMV_M1_SK2 if (w_fmt == E4M3 or n <= k) else DEC_GEMV_M1
+        if k > n:
+            return HF_M1_SK2_FP4 if fp4 else HF_M1_SK2_FP8
+        return HF_M1
     if m <= 4:
-        if n > k:
-            return mm
-        return DEC_GEMV_M4 if w_fmt == E2M1 else None
-    return mm
+        if fp4:
+            return HF_M2_FP4
+        return HF_M2_FP8 if n > k else None
+    return DEC_MM_FP4 if fp4 else DEC_MM_FP8
 
 
 def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
