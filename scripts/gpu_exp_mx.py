@@ -138,19 +138,26 @@ def candidates(fmt_name: str, m: int) -> list[Any]:
 
 
 def hfma_candidates(m: int) -> list[Any]:
-    """`mx_hfma` shapes: (block_n, block_kw, warps, prefetch, split_k) per M (block_m 2 above M=1)."""
+    """`mx_hfma` shapes per M: (block_m, block_n, block_kw, warps, prefetch, split_k, stages)."""
     from qlower.lowerings.triton_kernels.mx_decode import CVT, DecodeConfig
 
     if SMOKE:
         return [DecodeConfig("hfma", CVT, 16, 8, 4, 1, block_m=min(m, 2), prefetch=True)]
-    if m == 1:
-        shapes = [(32, 64, 4, True, 1), (16, 64, 4, True, 1), (64, 32, 4, True, 1), (32, 32, 4, True, 1),
-                  (64, 64, 8, True, 1), (16, 128, 4, False, 1), (128, 16, 4, True, 1), (32, 64, 4, True, 2),
-                  (16, 64, 4, True, 2), (32, 32, 2, True, 1)]  # fmt: skip
-        return [DecodeConfig("hfma", CVT, bn, kw, w, 1, prefetch=pf, split_k=sk) for bn, kw, w, pf, sk in shapes]
-    shapes = [(16, 64, 4, True, 1), (32, 32, 4, True, 1), (32, 64, 4, True, 2), (64, 32, 8, True, 1)]
+    F, T = False, True
+    shapes = {
+        1: [(1, 16, 128, 4, F, 1, 1), (1, 8, 256, 4, F, 1, 1), (1, 16, 256, 4, F, 1, 1), (1, 32, 128, 4, F, 1, 1),
+            (1, 16, 128, 8, F, 1, 1), (1, 8, 128, 4, F, 1, 1), (1, 16, 128, 4, F, 2, 1), (1, 16, 128, 4, F, 1, 2),
+            (1, 16, 128, 2, F, 1, 1), (1, 32, 128, 8, F, 1, 1), (1, 8, 256, 4, F, 2, 1), (1, 32, 64, 4, T, 2, 1),
+            (1, 16, 64, 4, T, 2, 1)],
+        2: [(2, 16, 128, 4, F, 1, 1), (2, 16, 64, 4, T, 1, 1), (2, 32, 64, 4, T, 2, 1), (2, 16, 128, 4, F, 2, 1),
+            (2, 8, 128, 4, F, 1, 1), (2, 8, 256, 4, F, 1, 1)],
+        4: [(4, 16, 128, 4, F, 1, 1), (4, 8, 128, 4, F, 1, 1), (4, 16, 64, 4, T, 1, 1), (4, 8, 256, 4, F, 1, 1),
+            (4, 16, 128, 4, F, 2, 1), (2, 32, 64, 4, T, 2, 1), (4, 16, 64, 4, T, 2, 1)],
+        16: [(4, 16, 128, 4, F, 1, 1), (4, 8, 128, 4, F, 1, 1), (4, 16, 128, 4, F, 2, 1), (4, 32, 64, 4, T, 1, 1)],
+    }[m]  # fmt: skip
     return [
-        DecodeConfig("hfma", CVT, bn, kw, w, 1, block_m=2, prefetch=pf, split_k=sk) for bn, kw, w, pf, sk in shapes
+        DecodeConfig("hfma", CVT, bn, kw, w, st, block_m=bm, prefetch=pf, split_k=sk)
+        for bm, bn, kw, w, pf, sk, st in shapes
     ]
 
 

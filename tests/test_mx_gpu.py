@@ -185,8 +185,8 @@ def test_aten_preference_is_refused_at_compile_time_on_this_gpu():
 @pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("k,n", [(4096, 14336), (4096, 4256)])  # 4256: N off the decode tiles
 def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
-    """Weight-only MX at decode sizes: the f16x2 GEMV (M <= 4, N > K) or the mx_decode dot kernel (M 5-16),
-    as mx_ops.pick_decode says, against float64."""
+    """Weight-only MX at decode sizes: the kernel mx_ops.pick_decode names (the f16x2 GEMV or the mx_decode dot
+    kernel), against float64."""
     from torch._inductor.utils import run_and_get_code
 
     f, _ = _model(None, w_elem, n, k)
@@ -194,7 +194,10 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
     y, codes = run_and_get_code(_compiled(f), x)
     assert [d.lowering for d in qlower.last_report()] == ["triton.mx_linear"]
     code = "\n".join(codes)
-    assert ("mx_hfma_gemv_kernel" if m <= 4 else "mx_decode_mm_kernel") in code
+    from qlower.lowerings.triton_kernels import mx_ops
+
+    cfg = mx_ops.pick_decode(m, mx_ops.ELEM_CODE[w_elem], k, n)
+    assert {"hfma": "mx_hfma_gemv_kernel", "mm": "mx_decode_mm_kernel"}[cfg.kernel] in code
     w_ref = fmt.dequantize_f64(f.q, f.e, w_elem)
     ref = x.double() @ w_ref.t()
     assert not y.isnan().any()

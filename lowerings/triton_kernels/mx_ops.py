@@ -69,71 +69,75 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 # ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
 # Measured on the H200 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8 rotating
 # weight sets; bf16 activations; us).
-# 2026-11-30, session 3: the f16x2 GEMV (`mx_hfma`, kernel "hfma") against the session-2 picks below:
-#   M=1: hfma n16 kw128 w4 (no prefetch) won wherever N >= K (fp4 4096->14336 14.7 vs 24.9, bf16 30.6;
-#     4096->4096 7.7 vs 11.4, bf16 13.6; fp8 4096->14336 16.9 vs 19.3, bf16 31.9; 4096->4096 10.4 vs 11.0);
-#     for K > N a 2-way K split (fp4 n32 kw64 pf 19.2 vs 29.5; fp8 n16 kw64 pf 28.5 vs 29.5, bf16 32).
-#   M=2..4 fp4: hfma m2 n32 kw64 sk2 pf everywhere (4096->14336 M=2 24.8 vs 45.5, M=4 40.0 vs 45.3;
-#     4096->4096 M=2 10.2 vs 18.3; 14336->4096 M=2 26.1 vs 58.7, M=4 47.2 vs 61.1).
-#   M=2..4 fp8: hfma m2 n16 kw64 pf for N > K (M=2 26.9 vs 40.2); else the current kernel (M=2 11.1 vs 14.8).
+# 2026-11-30, session 3: the f16x2 GEMV (`mx_hfma`, kernel "hfma"), two sweeps, 13 shapes per M (v2 numbers;
+#   bf16 F.linear 30-32 us at 4096->14336 and 14336->4096, 13.3-13.5 us at 4096->4096; "was": session 2's pick):
+#   M=1: N > K n16 kw128 (fp4 14.6 was 24.9; fp8 16.5 was 19.3); N = K n8 kw256 (fp4 6.2 was 11.4; fp8 7.7
+#     was 11.0); K > N a 2-way K split, fp4 n16 kw128 (16.9 was 29.5), fp8 n8 kw256 (18.1 was 29.5).
+#   M=2 (block_m 2): N > K fp4 n16 kw128 (21.8 was 45.5), fp8 the same split 2 (22.8 was 40.2); N = K n8 kw256
+#     (fp4 8.5 was 18.3; fp8 10.6, the tile kernel 11.2); K > N n16 kw128 split 2 (fp4 23.3 was 58.7; fp8 28.6,
+#     the tile kernel 33.4).
+#   M=3-4 (block_m 4, measured at M=4): fp4 N > K n16 kw128 sk2 (39.5 was 45.3), N = K n16 kw128 (15.1 was
+#     18.8), K > N n8 kw128 (47.6 was 61.1); fp8 N > K the dot kernel below stays (40.2 vs 43.1), N = K n8 kw256
+#     (14.9, tile kernel 18.7), K > N n16 kw128 sk2 (43.1, tile kernel 64.7).
+#   M=16: every hfma shape lost to the dot kernel (fp4 128-150 vs 46-103 us): block_m 4 repeats x work per row.
 # 2026-11-30, session 2 (the "gemv"/"mm" decode kernels against the older current kernel):
 #   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
 #     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
 #   M > 16: not measured; the current tile kernels.
-# Other (K, N) follow the same rules. E5M2 weights and MX activations keep the current kernels.
+# Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
+# kernels.
 DECODE_MAX_M = 16
-HF_M1 = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
-HF_M1_SK2_FP4 = DecodeConfig("hfma", CVT, block_n=32, block_kw=64, num_warps=4, num_stages=1, split_k=2, prefetch=True)
-HF_M1_SK2_FP8 = replace(HF_M1_SK2_FP4, block_n=16)
-HF_M2_FP4 = replace(HF_M1_SK2_FP4, block_m=2)
-HF_M2_FP8 = DecodeConfig("hfma", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1, block_m=2, prefetch=True)
+HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
+HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
+HF_NARROW = {E2M1: replace(HF_WIDE, split_k=2), E4M3: replace(HF_SQUARE, split_k=2)}  # K > N, M=1
+HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
+    (E2M1, 1): replace(HF_WIDE, block_m=2),
+    (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
+    (E2M1, 0): replace(HF_SQUARE, block_m=2),
+    (E4M3, 0): replace(HF_SQUARE, block_m=2),
+    (E2M1, -1): replace(HF_WIDE, block_m=2, split_k=2),
+    (E4M3, -1): replace(HF_WIDE, block_m=2, split_k=2),
+}
 DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
 DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
-# The measured points, (w_fmt, M bucket's upper end, K, N) -> config (None: the current kernel); what the
-# rules give for them too (tests/test_mx_triton_interp.py checks that), kept as the record of the sweep.
-DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
-    (E2M1, 1, 4096, 14336): HF_M1,
-    (E2M1, 1, 4096, 4096): HF_M1,
-    (E2M1, 1, 14336, 4096): HF_M1_SK2_FP4,
-    (E4M3, 1, 4096, 14336): HF_M1,
-    (E4M3, 1, 4096, 4096): HF_M1,
-    (E4M3, 1, 14336, 4096): HF_M1_SK2_FP8,
-    (E2M1, 4, 4096, 14336): HF_M2_FP4,
-    (E2M1, 4, 4096, 4096): HF_M2_FP4,
-    (E2M1, 4, 14336, 4096): HF_M2_FP4,
-    (E4M3, 4, 4096, 14336): HF_M2_FP8,
-    (E4M3, 4, 4096, 4096): None,
-    (E4M3, 4, 14336, 4096): None,
-    (E2M1, 16, 4096, 14336): DEC_MM_FP4,
-    (E2M1, 16, 4096, 4096): DEC_MM_FP4,
-    (E2M1, 16, 14336, 4096): DEC_MM_FP4,
-    (E4M3, 16, 4096, 14336): DEC_MM_FP8,
-    (E4M3, 16, 4096, 4096): DEC_MM_FP8,
-    (E4M3, 16, 14336, 4096): DEC_MM_FP8,
+HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
+    (E2M1, 1): replace(HF_WIDE, block_m=4, split_k=2),
+    (E4M3, 1): DEC_MM_FP8,
+    (E2M1, 0): replace(HF_WIDE, block_m=4),
+    (E4M3, 0): replace(HF_SQUARE, block_m=4),
+    (E2M1, -1): replace(HF_WIDE, block_m=4, block_n=8),
+    (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
+_KN = ((4096, 14336), (4096, 4096), (14336, 4096))
+# The measured points, (w_fmt, M bucket's upper end, K, N) -> config; what the rules give for them too
+# (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps.
+DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
+    **{(f, 1, k, n): (HF_WIDE if n > k else HF_SQUARE if n == k else HF_NARROW[f]) for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
+}  # fmt: skip
 # Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
-_BUCKETS = ((1, 1), (2, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
+_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
 
 def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
     if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
         return None
-    fp4 = w_fmt == E2M1
+    side = (n > k) - (n < k)
     if m == 1:
-        if k > n:
-            return HF_M1_SK2_FP4 if fp4 else HF_M1_SK2_FP8
-        return HF_M1
+        return HF_WIDE if side > 0 else HF_SQUARE if side == 0 else HF_NARROW[w_fmt]
+    if m == 2:
+        return HF_M2[w_fmt, side]
     if m <= 4:
-        if fp4:
-            return HF_M2_FP4
-        return HF_M2_FP8 if n > k else None
-    return DEC_MM_FP4 if fp4 else DEC_MM_FP8
+        return HF_M4[w_fmt, side]
+    return DEC_MM_FP4 if w_fmt == E2M1 else DEC_MM_FP8
 
 
 def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     """`DECODE_TABLE` at a measured point, else `decode_rule`; BITS-decoded under TRITON_INTERPRET."""
-    bucket = 1 if m == 1 else 4 if 2 <= m <= 4 else DECODE_MAX_M
+    bucket = m if m <= 2 else 4 if m <= 4 else DECODE_MAX_M
     key = (w_fmt, bucket, k, n)
     cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
     if cfg is not None and interpreted():
