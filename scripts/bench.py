@@ -9,7 +9,8 @@ not close to the eager quantized model.
 Family modules: `scripts/bench_<family>.py` (next to this file) define
     FAMILY: str                        a key of qlower.FAMILIES (qlower is compiled with only this family)
     DTYPE: torch.dtype                 activation dtype
-    GRID_M, GRID_KN                    the full grid: M values and (K, N) pairs; QUICK_M, QUICK_KN for --quick
+    GRID_M, GRID_KN                    the full grid: M values and (K, N) pairs; QUICK_M, QUICK_KN for --quick;
+                                       optional GRID_M_CUDA: the M values of --device cuda (default GRID_M)
     make_weights(k, n, device, seed) -> dict[str, Tensor]
                                        one weight set; key "bf16" is the unquantized [N, K] weight
     quant_bytes(k, n) -> int           bytes a kernel must read for the quantized weight (the memory floor)
@@ -91,14 +92,16 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def grid(mod: ModuleType, quick: bool, shapes: str | None) -> dict[tuple[int, int], list[int]]:
-    """(K, N) -> M values, in run order."""
+def grid(mod: ModuleType, quick: bool, shapes: str | None, device: str = "cpu") -> dict[tuple[int, int], list[int]]:
+    """(K, N) -> M values, in run order. On CUDA a family may list more M (`GRID_M_CUDA`: the compute-bound
+    sizes a 2-core CPU cannot time in reasonable time)."""
     if shapes:
         out: dict[tuple[int, int], list[int]] = {}
         for m, k, n in parse_shapes(shapes):
             out.setdefault((k, n), []).append(m)
         return out
-    ms, kns = (mod.QUICK_M, mod.QUICK_KN) if quick else (mod.GRID_M, mod.GRID_KN)
+    full_m = getattr(mod, "GRID_M_CUDA", mod.GRID_M) if device == "cuda" else mod.GRID_M
+    ms, kns = (mod.QUICK_M, mod.QUICK_KN) if quick else (full_m, mod.GRID_KN)
     return {kn: list(ms) for kn in kns}
 
 
@@ -443,7 +446,7 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
         bandwidth, bw_source = memory_bandwidth(args.device)
     start = time.perf_counter()
     with torch.no_grad():
-        results, failures = run(mod, args.device, grid(mod, args.quick, args.shapes), rotate, budget)
+        results, failures = run(mod, args.device, grid(mod, args.quick, args.shapes, args.device), rotate, budget)
     meta = {
         "family": mod.FAMILY,
         "device": describe_device(args.device),

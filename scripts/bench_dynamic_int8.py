@@ -20,6 +20,7 @@ from qlower.quantize import quantize_per_row_int8
 FAMILY = "dynamic_int8"
 DTYPE = torch.bfloat16
 GRID_M = (1, 16, 128, 1024)
+GRID_M_CUDA = (1, 16, 128, 1024, 4096)
 GRID_KN = ((4096, 4096), (4096, 14336))
 QUICK_M = (1, 128)
 QUICK_KN = ((4096, 4096),)

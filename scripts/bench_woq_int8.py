@@ -13,6 +13,7 @@ from qlower.quantize import quantize_per_row_int8
 FAMILY = "woq_int8"
 DTYPE = torch.bfloat16
 GRID_M = (1, 4, 16, 128, 1024)
+GRID_M_CUDA = (1, 4, 16, 128, 1024, 4096)
 GRID_KN = ((4096, 4096), (4096, 14336))
 QUICK_M = (1, 16, 128)
 QUICK_KN = ((4096, 4096),)
