@@ -74,13 +74,14 @@ def bf16_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 class _Linear(torch.nn.Module):
     """One weight set as buffers: what freezing turns into constants."""
 
-    def __init__(self, w: dict[str, torch.Tensor]) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], pad_small_m: bool) -> None:
         super().__init__()
         self.register_buffer("q", w["q"])
         self.register_buffer("s", w["s"])
+        self.pad_small_m = pad_small_m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dynamic_int8_linear_plain(x, {"q": self.q, "s": self.s})
+        return _linear(x, {"q": self.q, "s": self.s}, self.pad_small_m)
 
 
 class Frozen:
@@ -97,7 +98,8 @@ class Frozen:
         key = id(w["q"])
         if key not in self.compiled:
             opts = qlower.inductor_options(families=(FAMILY,)) if self.qlower else {}
-            self.compiled[key] = torch.compile(_Linear(w), dynamic=False, options=opts)
+            # stock gets the CUDA work-around (cuBLASLt _int_mm rejects M <= 16), qlower the plain form
+            self.compiled[key] = torch.compile(_Linear(w, not self.qlower), dynamic=False, options=opts)
         with torch._inductor.config.patch(freezing=True):
             return self.compiled[key](x)  # type: ignore[operator]
 

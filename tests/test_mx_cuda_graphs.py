@@ -148,3 +148,18 @@ def test_old_gpus_emulate():
     report = lower(dynamic_graph(), (8, 0))
     (d,) = report
     assert d.lowering == "mx_dequant_mm" and "Triton fp8 needs capability >= 8.9" in d.reason
+
+
+@needs_triton
+def test_sm90_auto_weight_only_above_decode_sizes_emulates():
+    """Weight-only MX: the decode kernels up to M=16, the emulation above (the tile kernel measured slower)."""
+
+    def graph(m):
+        return _fake_graph(
+            _weight_only_fp4, ((m, K), torch.bfloat16), ((N, K // 2), torch.uint8), ((N, K // 32), torch.uint8)
+        )
+
+    assert [d.lowering for d in lower(graph(16), (9, 0))] == ["triton.mx_linear"]
+    (d,) = lower(graph(17), (9, 0))
+    assert d.lowering == "mx_dequant_mm" and "weight-only MX with M=17 > 16" in d.reason
+    assert [d.lowering for d in lower(graph(128), (9, 0), "TRITON")] == ["triton.mx_linear.any_m"]

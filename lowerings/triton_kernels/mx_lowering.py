@@ -53,12 +53,24 @@ def supports_mx_triton(rec: QuantLinear) -> str | None:
 
 
 def supports_mx_triton_measured(rec: QuantLinear) -> str | None:
-    """`supports_mx_triton`, minus where the tile kernel measured slower than bf16 by far (dynamic MX)."""
-    why = supports_mx_triton(rec)
-    if why or rec.act_quant is None:
-        return why
-    from .mx_ops import GEMV_MAX_M  # no Triton import: mx_ops imports it, so read the number lazily
+    """`supports_mx_triton`, minus where the tile kernel measured slower than the emulation by far.
 
+    Weight-only MX at a static M above the decode kernels' range: the tile kernel ran 0.16-0.43x bf16 at
+    M=128-4096 on the H200 (2026-11-30, BENCHMARKS.md), the emulation (dequantize once, bf16 matmul) 0.85-0.93x
+    of bf16 at M=4096. A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
+    """
+    why = supports_mx_triton(rec)
+    if why:
+        return why
+    from .mx_ops import DECODE_MAX_M, GEMV_MAX_M  # no Triton import: mx_ops imports it, so read them lazily
+
+    if rec.act_quant is None:
+        if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
+            return (
+                f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "
+                "bf16 (M=128-4096) on H200, below the emulation; ask for KernelPreference.TRITON to use it anyway"
+            )
+        return None
     if not is_static(rec.m) or int(rec.m) > GEMV_MAX_M:
         return (
             f"dynamic-activation MX with M={rec.m} > {GEMV_MAX_M} would run the fp8 tile kernel, measured at "
