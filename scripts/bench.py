@@ -35,6 +35,7 @@ import functools
 import importlib
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,7 +51,7 @@ import torch
 import qlower
 
 FAMILY_CHOICES = ("woq_int8", "dynamic_int8", "mx")
-ROUNDS = 5  # interleaved timing rounds per shape
+ROUNDS = int(os.environ.get("QLOWER_BENCH_ROUNDS", "5"))  # interleaved timing rounds per shape
 REL_TOL = 2e-2  # max |y - ref| / max |ref| allowed against the eager quantized model (bf16 rounding)
 # Nominal peak memory bandwidth (bytes/s) by GPU name; anything else is measured with a device copy.
 GPU_PEAK_BW = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}

@@ -116,6 +116,10 @@ def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
     if m <= 64:
         return [mm(64, 64, 256, 4, 4, swap=True), mm(64, 128, 256, 4, 4, swap=True), mm(64, 128, 128, 4, 4),
                 mm(64, 64, 256, 4, 4)]  # fmt: skip
+    if m <= 128:  # enough CTAs for 132 SMs at N = 4096 (128x128 tiles give 32)
+        return [mm(64, 64, 256, 4, 4, swap=True), mm(64, 64, 128, 4, 4), mm(128, 64, 128, 4, 4),
+                mm(64, 128, 128, 4, 4), mm(32, 64, 256, 4, 4, swap=True), mm(128, 64, 128, 8, 3, swap=True),
+                mm(64, 32, 256, 4, 4, swap=True), mm(128, 128, 128, 8, 3)]  # fmt: skip
     if m <= 256:
         return [mm(64, 128, 128, 4, 4), mm(128, 128, 128, 8, 3), mm(128, 256, 128, 8, 3), mm(64, 256, 128, 4, 4),
                 mm(128, 128, 128, 4, 4, swap=True)]  # fmt: skip

@@ -112,7 +112,9 @@ def _compiled(f, dynamic=False, **opts):
     "a_elem,w_elem,m,e8m0,pref,lowering",
     [
         (None, "e2m1", 1, False, "AUTO", "triton.mx_linear"),
-        (None, "e4m3", 37, True, "AUTO", "triton.mx_linear"),
+        # Weight-only above the decode kernels' M range: AUTO emulates (the tile kernel measured slower).
+        (None, "e4m3", 37, True, "AUTO", "mx_dequant_mm"),
+        (None, "e4m3", 37, True, "TRITON", "triton.mx_linear.any_m"),
         ("e4m3", "e4m3", 2, False, "AUTO", "triton.mx_linear"),
         # Dynamic MX above the GEMV range: AUTO emulates (the tile kernel measured slow); TRITON forces it.
         ("e4m3", "e4m3", 64, False, "AUTO", "mx_dequant_mm"),
