@@ -282,8 +282,10 @@ def run(
     plan: dict[tuple[int, int], list[int]],
     rotate: int,
     budget_s: float,
+    checkpoint: Callable[[list[Result]], None] | None = None,
 ) -> tuple[list[Result], list[str]]:
-    """Every variant at every shape of `plan`; returns results and failure messages."""
+    """Every variant at every shape of `plan`; returns results and failure messages. `checkpoint` gets the
+    results so far after each (K, N), so a run cut short (a time limit) still leaves its finished tables."""
     results: list[Result] = []
     failures: list[str] = []
     bar = progress(sum(len(ms) for ms in plan.values()) * len(mod.VARIANTS), f"bench {mod.FAMILY} {device}")
@@ -292,6 +294,8 @@ def run(
         results += res
         failures += fail
         torch._dynamo.reset()  # free the compiled code of this (K, N)
+        if checkpoint is not None:
+            checkpoint(results)
     bar.close()
     return results, failures
 
@@ -415,7 +419,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     return p.parse_args(list(argv) if argv is not None else None)
 
 
-def write(out: Path, device: str, mod: ModuleType, meta: dict[str, Any], results: list[Result]) -> str:
+def write(
+    out: Path, device: str, mod: ModuleType, meta: dict[str, Any], results: list[Result], with_plot: bool = True
+) -> str:
     """The .md, .json and .png of one run under `out`; returns the table text."""
     header = " · ".join(f"{k} {v}" for k, v in meta.items())
     text = f"{header}\n\n{table(results, mod, meta['bandwidth_GBps'] * 1e9)}"
@@ -426,7 +432,7 @@ def write(out: Path, device: str, mod: ModuleType, meta: dict[str, Any], results
         json.dumps({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, indent=1) + "\n"
     )
     title = f"{mod.FAMILY} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
-    png = plot(results, title, stem.with_suffix(".png"))
+    png = plot(results, title, stem.with_suffix(".png")) if with_plot else None
     return text + f"\n\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else "")
 
 
@@ -446,22 +452,30 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
     else:
         bandwidth, bw_source = memory_bandwidth(args.device)
     start = time.perf_counter()
+
+    def meta_now(partial: bool) -> dict[str, Any]:
+        return {
+            "family": mod.FAMILY,
+            "device": describe_device(args.device),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            **versions(),
+            "rotate": rotate,
+            "bandwidth_GBps": round(bandwidth / 1e9, 1),
+            "bandwidth_source": bw_source,
+            "timing": "CUDA-graph replay median (cuda_timing.py)"
+            if args.device == "cuda"
+            else "median of perf_counter runs",
+            "wall_s": round(time.perf_counter() - start, 1),
+            **({"partial": "yes (the run stopped before the whole grid)"} if partial else {}),
+        }
+
+    def checkpoint(results: list[Result]) -> None:
+        write(Path(args.out), args.device, mod, meta_now(partial=True), results, with_plot=False)
+
     with torch.no_grad():
-        results, failures = run(mod, args.device, grid(mod, args.quick, args.shapes, args.device), rotate, budget)
-    meta = {
-        "family": mod.FAMILY,
-        "device": describe_device(args.device),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        **versions(),
-        "rotate": rotate,
-        "bandwidth_GBps": round(bandwidth / 1e9, 1),
-        "bandwidth_source": bw_source,
-        "timing": "CUDA-graph replay median (cuda_timing.py)"
-        if args.device == "cuda"
-        else "median of perf_counter runs",
-        "wall_s": round(time.perf_counter() - start, 1),
-    }
-    return meta, results, failures
+        plan = grid(mod, args.quick, args.shapes, args.device)
+        results, failures = run(mod, args.device, plan, rotate, budget, checkpoint)
+    return meta_now(partial=False), results, failures
 
 
 def main(argv: Iterable[str] | None = None) -> int:
