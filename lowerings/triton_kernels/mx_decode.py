@@ -18,7 +18,8 @@ Why a second set of kernels: at M=1 the MX GEMV is memory-bound in theory but in
     (value * 2**-14, f16 subnormal for 0.5), then `cvt.f32.f16`. No fp8 convert unit involved.
 - Products are summed per word in an fp32 fma chain, per 32-block, then times the block's scale (one
   multiply per 32 elements); the scale tile [BLOCK_N, BLOCK_K/32] is loaded once per iteration.
-- `mx_decode_gemv_kernel`: BLOCK_M activation rows per program share the decoded weights (M=4: one pass);
+- `mx_decode_gemv_kernel` (no longer picked: `mx_hfma` beat it at every measured M <= 4 in session 3; kept as
+  the sweep's baseline in scripts/gpu_exp_mx.py): BLOCK_M activation rows per program share the decoded weights;
   SPLIT_K > 1 writes fp32 partials [SPLIT_K, M, N] reduced by `mx_splitk_reduce_kernel` (2 launches).
 - `mx_decode_mm_kernel`: M up to 16-64: decoded, scaled weights cast to bf16 (exact) into `tl.dot`.
 
