@@ -441,7 +441,11 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
         raise SystemExit("bench: --device cuda but CUDA is not available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch._dynamo.config.recompile_limit = 64  # one compile per (M, K, N) and variant
+    # One compile per (M, K, N) and variant, and the frozen variants compile one module per weight set: they
+    # share one forward, so 2 variants x 8 sets x 5 M reach 80 entries. At dynamo's default limit (64; as this
+    # script had it before) the 5th M of the CUDA grid silently ran eager (seen in the first H200 run).
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     # A cache hit skips Inductor's passes (qlower's too), leaving no report of what was chosen: compile fresh.
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
