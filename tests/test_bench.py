@@ -27,6 +27,7 @@ def test_shapes_and_grids() -> None:
         (4096, 4096): [1, 4, 16, 128, 1024],
         (4096, 14336): [1, 4, 16, 128, 1024],
     }
+    assert bench.grid(fam, False, None, "cuda")[(4096, 4096)] == [1, 4, 16, 128, 1024, 4096]  # GRID_M_CUDA
     assert bench.grid(fam, True, "1x64x64,4x64x64,1x32x64") == {(64, 64): [1, 4], (32, 64): [1]}
     assert {"bf16", "stock", "qlower"} <= set(fam.VARIANTS)
 
@@ -74,3 +75,27 @@ def test_bench_woq_alias_runs() -> None:
         [sys.executable, str(SCRIPTS / "bench_woq.py"), "--help"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0 and "--shapes" in proc.stdout
+
+
+def test_a_run_cut_short_keeps_its_finished_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each (K, N) the tables so far are on disk, marked partial: a time limit loses only the rest."""
+    bench = _load_bench()
+    real_run_kn = bench.run_kn
+
+    def run_kn(mod, device, k, n, *args):
+        if (k, n) == (32, 64):
+            raise TimeoutError("cut")
+        return real_run_kn(mod, device, k, n, *args)
+
+    monkeypatch.setattr(bench, "run_kn", run_kn)
+    import torch
+
+    for cfg, key in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"),
+                     (torch._dynamo.config, "recompile_limit"), (torch._dynamo.config, "accumulated_recompile_limit")):
+        monkeypatch.setattr(cfg, key, getattr(cfg, key))  # bench.main sets these; restored after the test
+    with pytest.raises(TimeoutError):
+        bench.main(["--family", "woq_int8", "--shapes", "1x64x64,1x32x64", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "woq_int8_cpu.json").read_text())
+    assert data["meta"]["partial"].startswith("yes")
+    assert {(r["m"], r["k"], r["n"]) for r in data["results"]} == {(1, 64, 64)}
+    assert "| 1 | 64→64 |" in (tmp_path / "woq_int8_cpu.md").read_text()
