@@ -28,46 +28,30 @@ import triton.language as tl
 
 from . import one_line
 from .mx_decode import _bits_elem, _block_scales, _load_w
-from .mx_kernels import E2M1
-
-# x block amax goes to [2**T, 2**(T+1)): e2m1 products (<= 6 * 2**-14 * 2**(T+1)) summed 8 per word stay < 96;
-# e4m3 products (<= 448 * 2**(T+1)) summed 4 per word stay < 65504 (f16 max).
-X_TARGET_EXP = {E2M1: 14, 1: 4}
-# The f16 decode yields true value * 2**-WSH (e2m1 bits under the f16 fields) or the true value (e4m3 cvt).
-W_SHIFT = {E2M1: 14, 1: 0}
 
 
-def _asm_e2m1(rows: int) -> str:
-    """Outputs $0..$rows-1 (fp32 word sums), inputs: the word, then 4 f16x2 x pairs per row (elements i, i+4)."""
-    w = f"${rows}"
-    lines = ["{", ".reg .b32 t, u, p;", ".reg .b16 lo, hi, h;"]
-    lines += [f".reg .b32 a{r};" for r in range(rows)]
+def _asm_e2m1() -> str:
+    """$0: the fp32 sum of one word's 8 products; $1: the word; $2..$5: f16x2 x pairs (elements i, i+4)."""
+    lines = ["{", ".reg .b32 t, u, p, a;", ".reg .b16 lo, hi, h;"]
     for i in range(4):
-        lines.append(f"shl.b32 t, {w}, {12 - 4 * i};" if i < 3 else f"mov.b32 t, {w};")
+        lines.append(f"shl.b32 t, $1, {12 - 4 * i};" if i < 3 else "mov.b32 t, $1;")
         lines += ["shr.b32 u, t, 3;", "and.b32 u, u, 0x0E000E00;", "and.b32 t, t, 0x80008000;", "or.b32 p, t, u;"]
-        for r in range(rows):
-            x = f"${rows + 1 + 4 * r + i}"
-            lines.append(f"mul.rn.f16x2 a{r}, p, {x};" if i == 0 else f"fma.rn.f16x2 a{r}, p, {x}, a{r};")
-    for r in range(rows):
-        lines += [f"mov.b32 {{lo, hi}}, a{r};", "add.rn.f16 h, lo, hi;", f"cvt.f32.f16 ${r}, h;"]
-    return one_line("\n".join(lines + ["}"]))
+        lines.append(f"mul.rn.f16x2 a, p, ${2 + i};" if i == 0 else f"fma.rn.f16x2 a, p, ${2 + i}, a;")
+    lines += ["mov.b32 {lo, hi}, a;", "add.rn.f16 h, lo, hi;", "cvt.f32.f16 $0, h;", "}"]
+    return one_line("\n".join(lines))
 
 
-def _asm_e4m3(rows: int) -> str:
-    """Outputs $0..$rows-1 (fp32 word sums), inputs: the word, then 2 f16x2 x pairs per row (0,1 and 2,3)."""
-    w = f"${rows}"
-    lines = ["{", ".reg .b32 p0, p1;", ".reg .b16 b0, b1, lo, hi, h;"]
-    lines += [f".reg .b32 a{r};" for r in range(rows)]
-    lines += [f"mov.b32 {{b0, b1}}, {w};", "cvt.rn.f16x2.e4m3x2 p0, b0;", "cvt.rn.f16x2.e4m3x2 p1, b1;"]
-    for r in range(rows):
-        x0, x1 = f"${rows + 1 + 2 * r}", f"${rows + 2 + 2 * r}"
-        lines += [f"mul.rn.f16x2 a{r}, p0, {x0};", f"fma.rn.f16x2 a{r}, p1, {x1}, a{r};"]
-        lines += [f"mov.b32 {{lo, hi}}, a{r};", "add.rn.f16 h, lo, hi;", f"cvt.f32.f16 ${r}, h;"]
-    return one_line("\n".join(lines + ["}"]))
+def _asm_e4m3() -> str:
+    """$0: the fp32 sum of one word's 4 products; $1: the word; $2, $3: f16x2 x pairs (bytes 0,1 and 2,3)."""
+    lines = ["{", ".reg .b32 p0, p1, a;", ".reg .b16 b0, b1, lo, hi, h;"]
+    lines += ["mov.b32 {b0, b1}, $1;", "cvt.rn.f16x2.e4m3x2 p0, b0;", "cvt.rn.f16x2.e4m3x2 p1, b1;"]
+    lines += ["mul.rn.f16x2 a, p0, $2;", "fma.rn.f16x2 a, p1, $3, a;"]
+    lines += ["mov.b32 {lo, hi}, a;", "add.rn.f16 h, lo, hi;", "cvt.f32.f16 $0, h;", "}"]
+    return one_line("\n".join(lines))
 
 
-_E2M1_ASM = tl.constexpr(_asm_e2m1(1))
-_E4M3_ASM = tl.constexpr(_asm_e4m3(1))
+_E2M1_ASM = tl.constexpr(_asm_e2m1())
+_E4M3_ASM = tl.constexpr(_asm_e4m3())
 _E2M1_CONSTRAINTS = tl.constexpr("=r,r,r,r,r,r")  # out; word, 4 x pairs
 _E4M3_CONSTRAINTS = tl.constexpr("=r,r,r,r")  # out; word, 2 x pairs
 
@@ -120,8 +104,10 @@ def _x_block(x_ptr, row, M, kw, KW, stride_xm, stride_xk, EPW: tl.constexpr, NBK
     h7 = (x7 * up_w).to(tl.float16)
     if EPW == 8:  # e2m1 pairs: elements (i, i + 4) of a word
         pairs = (_pack_f16x2(h0, h4), _pack_f16x2(h1, h5), _pack_f16x2(h2, h6), _pack_f16x2(h3, h7))
-    else:  # e4m3 pairs: bytes (0, 1) and (2, 3)
-        pairs = (_pack_f16x2(h0, h1), _pack_f16x2(h2, h3), _pack_f16x2(h0, h1), _pack_f16x2(h2, h3))
+    else:  # e4m3 pairs: bytes (0, 1) and (2, 3); the tuple keeps the e2m1 arity (the last two are unused)
+        p01 = _pack_f16x2(h0, h1)
+        p23 = _pack_f16x2(h2, h3)
+        pairs = (p01, p23, p01, p23)
     return pairs, down, (h0, h1, h2, h3, h4, h5, h6, h7)
 
 
@@ -231,6 +217,9 @@ def _row_partial(w, s, x_ptr, row, M, kw, lim, stride_xm, stride_xk, W_FMT: tl.c
     EPW: tl.constexpr = 8 if W_FMT == 3 else 4
     WPB: tl.constexpr = 32 // EPW
     NBK: tl.constexpr = BLOCK_KW // WPB
+    # x block amax goes to [2**T, 2**(T+1)): e2m1 products (<= 6 * 2**-14 * 2**(T+1)) summed 8 per word stay
+    # < 96, e4m3 products (<= 448 * 2**(T+1)) summed 4 per word < 65504 (f16 max). The f16 decode is the true
+    # value * 2**-WSH (e2m1 bits under the f16 fields) or the true value (e4m3 cvt).
     T: tl.constexpr = 14 if W_FMT == 3 else 4
     WSH: tl.constexpr = 14 if W_FMT == 3 else 0
     p, down, hs = _x_block(x_ptr, row, M, kw, lim, stride_xm, stride_xk, EPW, NBK, WPB, T, WSH, BLOCK_KW)
@@ -246,4 +235,4 @@ def _store_row(acc, o_base, row, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS: t
     tl.store(o_base + row * stride_om, out.to(o_base.dtype.element_ty), mask=n_mask & ((rn * 0 + row) < M))
 
 
-__all__ = ["W_SHIFT", "X_TARGET_EXP", "mx_hfma_gemv_kernel"]
+__all__ = ["mx_hfma_gemv_kernel"]
