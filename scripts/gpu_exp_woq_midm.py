@@ -1,0 +1,110 @@
+"""woq-int8 at M = 16..256 on the H200: which launch beats bf16 F.linear, and where dequant + mm still wins.
+
+    python -P scripts/gpu_exp_woq_midm.py   # writes $OUT/woq_midm.json and prints a table
+
+Why: under AUTO, qlower's Triton woq kernel serves M <= 64 and the dequant + cuBLAS path above. At M=128 on
+4096->4096 that path measured 0.52x bf16 (the weight dequantized to bf16 every call costs as much as the
+matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 132 SMs; this sweep adds split-K
+and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
+rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_timing import gpu_time_us  # noqa: E402
+
+from qlower.lowerings.triton_kernels import configs, ops  # noqa: E402
+from qlower.lowerings.triton_kernels.configs import decode_dot, mm  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "out"))
+BUDGET_S = float(os.environ.get("WOQ_EXP_BUDGET_S", "240"))
+N_SETS = 8
+T0 = time.time()
+
+
+def candidates(m: int) -> list[Any]:
+    if m <= 16:
+        return [decode_dot(16, 32, 256), decode_dot(16, 64, 256), decode_dot(16, 64, 128, stages=5),
+                decode_dot(16, 128, 128), decode_dot(16, 32, 512, stages=3), mm(16, 64, 256, 4, 4),
+                mm(16, 64, 256, 4, 4, swap=True, split_k=2), mm(16, 128, 256, 4, 4, swap=True, split_k=2),
+                mm(16, 128, 128, 4, 4, swap=True, split_k=4), mm(16, 64, 512, 4, 3, swap=True, split_k=2)]  # fmt: skip
+    if m <= 64:
+        return [mm(32, 64, 256, 4, 4, swap=True), mm(64, 64, 256, 4, 4, swap=True, split_k=2),
+                mm(64, 128, 128, 4, 4, swap=True, split_k=2), mm(64, 128, 256, 8, 3, swap=True, split_k=2),
+                mm(32, 32, 256, 4, 4, swap=True), mm(64, 64, 128, 4, 4, swap=True),
+                mm(64, 128, 128, 4, 4, swap=True, split_k=4)]  # fmt: skip
+    return [mm(128, 64, 128, 4, 4), mm(64, 128, 128, 4, 4), mm(128, 128, 64, 8, 3),
+            mm(128, 64, 128, 4, 4, swap=True), mm(128, 64, 128, 4, 4, swap=True, split_k=2),
+            mm(128, 128, 64, 8, 4, swap=True, split_k=2), mm(128, 128, 64, 8, 4, swap=True, split_k=4),
+            mm(128, 128, 128, 8, 3, swap=True, split_k=4), mm(64, 128, 128, 4, 4, swap=True, split_k=2),
+            mm(64, 64, 256, 4, 4, swap=True), mm(64, 64, 256, 4, 4, swap=True, split_k=2),
+            mm(128, 64, 256, 8, 3, swap=True, split_k=2), mm(64, 128, 128, 4, 4, split_k=2)]  # fmt: skip
+
+
+def dequant_mm(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """What qlower's `dequant_mm` lowering emits: one fused dequant feeding cuBLAS."""
+    return torch.mm(x, (q.to(s.dtype) * s[:, None]).to(x.dtype).t())
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    points = [(16, 4096, 14336), (64, 4096, 4096), (64, 4096, 14336), (128, 4096, 4096), (128, 4096, 14336),
+              (256, 4096, 4096), (256, 4096, 14336)]  # fmt: skip
+    results: list[dict[str, Any]] = []
+    dq = torch.compile(dequant_mm, dynamic=False)
+    for m, k, n in points:
+        if time.time() - T0 > BUDGET_S:
+            print("out of budget", flush=True)
+            break
+        g = torch.Generator(device="cuda").manual_seed(m + k + n)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        qs = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g) for _ in range(N_SETS)]
+        ss = [(torch.rand(n, device="cuda", generator=g) * 0.02 + 0.001).to(torch.bfloat16) for _ in range(N_SETS)]
+        wb = [(q.to(torch.bfloat16) * s[:, None]) for q, s in zip(qs, ss)]
+        ref = x.double() @ (qs[0].double() * ss[0].double()[:, None]).t()
+        row: dict[str, Any] = {"m": m, "k": k, "n": n}
+        row["bf16_us"] = gpu_time_us([lambda w=w: F.linear(x, w) for w in wb])
+        row["dequant_mm_us"] = gpu_time_us([lambda q=q, s=s: dq(x, q, s) for q, s in zip(qs, ss)])
+        cur = configs.woq_int8_config(m, k, n)
+        row["current"] = str(cur)
+        row["variants"] = []
+        for cfg in [cur] + [c for c in candidates(m) if c != cur]:
+            v: dict[str, Any] = {"config": str(cfg), "repr": repr(cfg)}
+            try:
+                out = ops.launch_config(cfg, x, qs[0], ss[0])
+                v["rel_err"] = float((out.double() - ref).norm() / ref.norm())
+                if v["rel_err"] < 1e-2:
+                    v["us"] = gpu_time_us([lambda q=q, s=s, c=cfg: ops.launch_config(c, x, q, s) for q, s in zip(qs, ss)])
+            except Exception as e:  # a config Triton cannot build
+                v["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            row["variants"].append(v)
+        ok = [v for v in row["variants"] if "us" in v]
+        best = min(ok, key=lambda v: v["us"]) if ok else None
+        row["best"] = best
+        results.append(row)
+        (OUT / "woq_midm.json").write_text(json.dumps(results, indent=1))
+        line = (f"[{time.time() - T0:5.0f}s] M={m} {k}->{n}: bf16 {row['bf16_us']:.1f}  dequant_mm "
+                f"{row['dequant_mm_us']:.1f}  current {row['variants'][0].get('us', float('nan')):.1f} [{cur}]")
+        if best:
+            line += f"  best {best['us']:.1f} [{best['config']}] = {row['bf16_us'] / best['us']:.2f}x bf16"
+        print(line, flush=True)
+        print("    " + ", ".join(f"{v['config']}: {v.get('us', v.get('error', 'err'))}" for v in row["variants"]),
+              flush=True)  # fmt: skip
+        del qs, ss, wb
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()
