@@ -69,13 +69,21 @@ def main() -> None:
             break
         g = torch.Generator(device="cuda").manual_seed(m + k + n)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        qs = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g) for _ in range(N_SETS)]
-        ss = [(torch.rand(n, device="cuda", generator=g) * 0.02 + 0.001).to(torch.bfloat16) for _ in range(N_SETS)]
-        wb = [(q.to(torch.bfloat16) * s[:, None]) for q, s in zip(qs, ss)]
+        qs = [
+            torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+            for _ in range(N_SETS)
+        ]
+        ss = [
+            (torch.rand(n, device="cuda", generator=g) * 0.02 + 0.001).to(torch.bfloat16)
+            for _ in range(N_SETS)
+        ]
+        wb = [(q.to(torch.bfloat16) * s[:, None]) for q, s in zip(qs, ss, strict=True)]
         ref = x.double() @ (qs[0].double() * ss[0].double()[:, None]).t()
         row: dict[str, Any] = {"m": m, "k": k, "n": n}
-        row["bf16_us"] = gpu_time_us([lambda w=w: F.linear(x, w) for w in wb])
-        row["dequant_mm_us"] = gpu_time_us([lambda q=q, s=s: dq(x, q, s) for q, s in zip(qs, ss)])
+        row["bf16_us"] = gpu_time_us([lambda w=w, x=x: F.linear(x, w) for w in wb])
+        row["dequant_mm_us"] = gpu_time_us(
+            [lambda q=q, s=s, x=x: dq(x, q, s) for q, s in zip(qs, ss, strict=True)]
+        )
         cur = configs.woq_int8_config(m, k, n)
         row["current"] = str(cur)
         row["variants"] = []
@@ -85,7 +93,12 @@ def main() -> None:
                 out = ops.launch_config(cfg, x, qs[0], ss[0])
                 v["rel_err"] = float((out.double() - ref).norm() / ref.norm())
                 if v["rel_err"] < 1e-2:
-                    v["us"] = gpu_time_us([lambda q=q, s=s, c=cfg: ops.launch_config(c, x, q, s) for q, s in zip(qs, ss)])
+                    v["us"] = gpu_time_us(
+                        [
+                            lambda q=q, s=s, c=cfg, x=x: ops.launch_config(c, x, q, s)
+                            for q, s in zip(qs, ss, strict=True)
+                        ]
+                    )
             except Exception as e:  # a config Triton cannot build
                 v["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["variants"].append(v)
@@ -94,8 +107,10 @@ def main() -> None:
         row["best"] = best
         results.append(row)
         (OUT / "woq_midm.json").write_text(json.dumps(results, indent=1))
-        line = (f"[{time.time() - T0:5.0f}s] M={m} {k}->{n}: bf16 {row['bf16_us']:.1f}  dequant_mm "
-                f"{row['dequant_mm_us']:.1f}  current {row['variants'][0].get('us', float('nan')):.1f} [{cur}]")
+        line = (
+            f"[{time.time() - T0:5.0f}s] M={m} {k}->{n}: bf16 {row['bf16_us']:.1f}  dequant_mm "
+            f"{row['dequant_mm_us']:.1f}  current {row['variants'][0].get('us', float('nan')):.1f} [{cur}]"
+        )
         if best:
             line += f"  best {best['us']:.1f} [{best['config']}] = {row['bf16_us'] / best['us']:.2f}x bf16"
         print(line, flush=True)
