@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_timing import gpu_time_us  # noqa: E402
 
 from qlower.lowerings.triton_kernels import configs, ops  # noqa: E402
-from qlower.lowerings.triton_kernels.configs import decode_dot, mm  # noqa: E402
+from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, mm  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
 BUDGET_S = float(os.environ.get("WOQ_EXP_BUDGET_S", "240"))
@@ -34,6 +34,11 @@ T0 = time.time()
 
 
 def candidates(m: int) -> list[Any]:
+    if m == 1:  # 4096->4096 needs <= 6.7 us for 2x bf16 (7.0 in session 3): longer K slices, more warps
+        return [decode_fma(1, 4, 1024, acc3=True), decode_fma(1, 8, 2048, 8, acc3=True),
+                decode_fma(1, 16, 1024, 8, acc3=True), decode_fma(1, 8, 512, acc3=True),
+                decode_fma(1, 4, 2048, 8, acc3=True), decode_fma(1, 8, 1024, 8, acc3=True),
+                decode_fma(1, 8, 1024, 4, 2, acc3=True), decode_fma(1, 2, 2048, 4, acc3=True)]  # fmt: skip
     if m <= 16:
         return [decode_dot(16, 32, 256), decode_dot(16, 64, 256), decode_dot(16, 64, 128, stages=5),
                 decode_dot(16, 128, 128), decode_dot(16, 32, 512, stages=3), mm(16, 64, 256, 4, 4),
@@ -59,8 +64,9 @@ def dequant_mm(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tenso
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    points = [(16, 4096, 14336), (64, 4096, 4096), (64, 4096, 14336), (128, 4096, 4096), (128, 4096, 14336),
-              (256, 4096, 4096), (256, 4096, 14336)]  # fmt: skip
+    spec = os.environ.get("WOQ_EXP_POINTS", "16x4096x14336,64x4096x4096,64x4096x14336,128x4096x4096,"
+                          "128x4096x14336,256x4096x4096,256x4096x14336")  # fmt: skip
+    points = [tuple(int(v) for v in p.split("x")) for p in spec.split(",")]
     results: list[dict[str, Any]] = []
     dq = torch.compile(dequant_mm, dynamic=False)
     for m, k, n in points:

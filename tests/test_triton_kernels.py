@@ -166,6 +166,19 @@ def test_decode_configs_emit_decode_kernel(k, n, m, kernel, flags):
         assert flag in summary, (flag, summary)
 
 
+def test_woq_mid_m_rule_and_crossover():
+    """M 65..256 (AUTO's Triton range since the session-4 H200 run): swap-AB tiles off the measured shapes too,
+    narrow ones at N <= 8192, and the crossover to dequant + mm right above the last measured win."""
+    from qlower.lowerings.triton_kernels import configs
+
+    assert configs.WOQ_INT8_MAX_M == 256
+    for m, n, tile in [(100, 5120, (64, 64, 256)), (128, 11008, (128, 64, 128)), (200, 5120, (128, 64, 128))]:
+        cfg = configs.woq_int8_config(m, 2048, n)
+        assert (cfg.kernel, cfg.swap_ab, (cfg.block_m, cfg.block_n, cfg.block_k)) == ("mm", True, tile), cfg
+    assert not configs.woq_int8_config(256, 2048, 11008).swap_ab  # wide N at 256: the 128x128 tile won
+    assert configs.woq_int8_config(128, 4096, 4096) == configs.WOQ_INT8_TABLE[(128, 4096, 4096)]
+
+
 @needs_triton
 def test_dynamic_int8_emits_one_fused_launch():
     """A torchao-style dynamic int8 linear (N-D input, bias) becomes one int8 kernel launch with x_scale inside."""
@@ -217,7 +230,7 @@ def test_qlower_imports_and_declines_without_triton():
 
 # ------------------------------------------------------------------------------------------------ GPU
 GPU_SHAPES = [(100, 72), (1000, 520), (4096, 4096)]  # (K, N): the first two are off every tile grid
-GPU_M = [1, 3, 17, 1000]
+GPU_M = [1, 3, 17, 200, 1000]  # 200: AUTO's Triton range above 64 (swap-AB tile), 1000: dequant + mm
 
 
 def _woq_inputs(m, k, n, dtype, bias, seed=0):
@@ -312,8 +325,8 @@ def test_compile_calls_triton_kernel(form, m, k, n):
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias).cuda()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     (out,), code = _compiled_code(model, [x])
-    # AUTO takes the Triton kernel up to the measured crossover (M <= 64), the fused dequant + mm above it.
-    expected = "triton.woq_int8_linear" if m <= 64 else "dequant_mm"
+    # AUTO takes the Triton kernel up to the measured crossover, the fused dequant + mm above it.
+    expected = "triton.woq_int8_linear" if m <= configs.WOQ_INT8_MAX_M else "dequant_mm"
     assert [d.lowering for d in qlower.last_report()] == [expected], qlower.last_report().table()
     if expected.startswith("triton"):
         cfg = configs.woq_int8_config(m, k, n)

@@ -112,16 +112,21 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.98 (was gemv(1, 8, 1024): 8.8; bf16 13.4)
     (4, 4096, 4096): DECODE_DOT,  # 11.16 (was mm(16, 32, 256, 4, 4, swap=True): 12.3; bf16 13.5)
     (16, 4096, 4096): DECODE_DOT,  # 10.62 (was mm(16, 32, 256, 4, 4, swap=True): 12.1; bf16 13.5)
-    (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5
-    (256, 4096, 4096): mm(128, 64, 128, 4, 4),  # 31.4
+    (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5 (17.4 in the M=16..256 run below)
+    # M 128 / 256 (and 64 at N=14336): the 2026-11-30 session-4 run of scripts/gpu_exp_woq_midm.py, 13 configs
+    # per point incl. split-K; all lose to bf16 F.linear (13.5 / 16.6 / 32.9 / 33.2 / 43.5 us), all but M=256
+    # N=14336's win over dequant + mm (26.3 / 29.3 / 80.9 / 81.3 / 93.3 us)
+    (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 21.1 (the rule's 128x128x64: 53.7)
+    (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True),  # 26.8 (was the same tile unswapped: 32.8)
     (1024, 4096, 4096): mm(128, 128, 64, 8, 4),  # 77.9
     (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
     # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
     (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7 (27.3 in the decode run; bf16 29.9)
     (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9 (22.25 in the decode run; bf16 30.0)
-    (64, 4096, 14336): mm(64, 64, 128, 4, 4),  # 35.9
-    (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5
+    (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True),  # 31.5 (was the same tile unswapped: 36.6)
+    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True),  # 52.9 (the rule's 128x128x64: 58.6)
+    (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5 (77.2 in the session-4 run, still the best of 13)
     (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
     (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.78 (was the rule's gemv(1, 8, 1024): 22.1; bf16 31.6)
@@ -188,10 +193,13 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
         return gemv(1, 8, 1024)
     if bucket <= 16:
         return mm(16, 64, 256, 4, 4)
+    wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
     if bucket <= 64:
-        return mm(64, 64, 128, 4, 4)
+        return mm(64, 64, 128, 4, 4, swap=True) if wide else mm(32, 64, 256, 4, 4, swap=True)
+    if bucket <= 128:
+        return mm(128, 64, 128, 4, 4, swap=True) if wide else mm(64, 64, 256, 4, 4, swap=True)
     if bucket <= 256:
-        return mm(128, 128, 64, 8, 3)
+        return mm(128, 128, 64, 8, 3) if wide else mm(128, 64, 128, 4, 4, swap=True)
     return mm(128, 128, 64, 8, 4)
 
 
@@ -256,10 +264,12 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
 
 
 # Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
-# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200, 4096->4096: Triton
-# 17.5 us vs stock dequant + cuBLAS ~27 us at M=64, but 77.9 vs 63.5 us at M=1024 and 302 vs 201 us at M=4096
-# (the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800); 4096->14336 at M=4096: Triton
-# 1096 us vs dequant_mm 649 us. M=128/256 were not measured side by side, so the limit is the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
+# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200: the session-4 run
+# (scripts/gpu_exp_woq_midm.py) timed the Triton kernel against dequant + cuBLAS side by side at M = 64, 128 and
+# 256 on 4096->4096 and 4096->14336, and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
+# F.linear there). At M=1024 it lost (77.9 vs 57.8 us on 4096->4096; the mixed-dtype tensor-core loop reaches
+# ~450 TFLOP/s, cuBLAS bf16 ~800), and at M=4096 (302 vs 195 us; 4096->14336 1096 vs 649 us). M=512 was not
+# measured, so the limit is the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
 # beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
-WOQ_INT8_MAX_M: int | None = 64
+WOQ_INT8_MAX_M: int | None = 256
 DYNAMIC_INT8_MAX_M: int | None = None
