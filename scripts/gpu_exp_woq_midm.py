@@ -54,7 +54,10 @@ def candidates(m: int) -> list[Any]:
             mm(128, 128, 64, 8, 4, swap=True, split_k=2), mm(128, 128, 64, 8, 4, swap=True, split_k=4),
             mm(128, 128, 128, 8, 3, swap=True, split_k=4), mm(64, 128, 128, 4, 4, swap=True, split_k=2),
             mm(64, 64, 256, 4, 4, swap=True), mm(64, 64, 256, 4, 4, swap=True, split_k=2),
-            mm(128, 64, 256, 8, 3, swap=True, split_k=2), mm(64, 128, 128, 4, 4, split_k=2)]  # fmt: skip
+            mm(128, 64, 256, 8, 3, swap=True, split_k=2), mm(64, 128, 128, 4, 4, split_k=2),
+            # second round: more programs than SMs (the first round's winners ran 1 CTA of 4 warps per SM)
+            mm(32, 64, 256, 4, 4, swap=True), mm(32, 32, 256, 4, 4, swap=True), mm(64, 32, 256, 4, 4, swap=True),
+            mm(64, 64, 128, 4, 3, swap=True), mm(64, 64, 128, 4, 4, swap=True), mm(128, 64, 64, 4, 5, swap=True)]  # fmt: skip
 
 
 def dequant_mm(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
