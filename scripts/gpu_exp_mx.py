@@ -10,13 +10,15 @@ HBM). Each variant's output on weight set 0 is checked against a float64 dequant
 <= 1e-2); failures are recorded, not fatal. Writes $OUT/mx_exp.json (OUT defaults to ./out) after every
 point, and prints the best per point with its ratio to bf16 and to the current kernel.
 
-Env: OUT; MX_EXP_BUDGET_S (default 160: no new timing after that many seconds); MX_EXP_SMOKE=1 runs tiny
+Env: OUT; MX_EXP_HFMA_SHAPES (a Python list of `mx_hfma` shape tuples replacing the built-in ones);
+MX_EXP_BUDGET_S (default 160: no new timing after that many seconds); MX_EXP_SMOKE=1 runs tiny
 shapes on CPU under TRITON_INTERPRET=1 (fp16 activations, BITS decode only, wall-clock "timing") to check
 this script's plumbing without a GPU.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import platform
@@ -155,6 +157,8 @@ def hfma_candidates(m: int) -> list[Any]:
             (4, 16, 128, 4, F, 2, 1), (2, 32, 64, 4, T, 2, 1), (4, 16, 64, 4, T, 2, 1)],
         16: [(4, 16, 128, 4, F, 1, 1), (4, 8, 128, 4, F, 1, 1), (4, 16, 128, 4, F, 2, 1), (4, 32, 64, 4, T, 1, 1)],
     }[m]  # fmt: skip
+    if os.environ.get("MX_EXP_HFMA_SHAPES"):  # e.g. "[(1, 16, 128, 4, True, 1, 1)]": these shapes, at every M
+        shapes = ast.literal_eval(os.environ["MX_EXP_HFMA_SHAPES"])
     return [
         DecodeConfig("hfma", CVT, bn, kw, w, st, block_m=bm, prefetch=pf, split_k=sk)
         for bm, bn, kw, w, pf, sk, st in shapes
