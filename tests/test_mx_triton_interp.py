@@ -168,8 +168,13 @@ def test_decode_table_matches_rules():
         for mm in {1: (1,), 2: (2,), 4: (3, 4), 16: (5, 16)}[m]:
             got = ops.pick_decode(mm, w_fmt, k, n)  # BITS-decoded when TRITON_INTERPRET is set here
             assert (got and dataclasses.replace(got, decode=CVT)) == cfg
-    assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.HF_WIDE  # wide N: no split
-    assert ops.decode_rule(1, ops.E2M1, 8192, 1024).split_k == 2  # K > N: split K
+    assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.HF_FP4_M1  # fp4, M=1: prefetch, no split
+    assert (
+        ops.decode_rule(1, ops.E2M1, 8192, 1024).prefetch
+        and ops.decode_rule(1, ops.E2M1, 8192, 1024).split_k == 1
+    )
+    assert ops.decode_rule(1, ops.E4M3, 8192, 28672) == ops.HF_WIDE  # fp8, wide N
+    assert ops.decode_rule(1, ops.E4M3, 8192, 1024).split_k == 2  # fp8, K > N: split K
     assert ops.decode_rule(3, ops.E4M3, 1024, 8192) == ops.DEC_MM_FP8  # fp8, M 3-4, N > K: the dot kernel
     assert ops.decode_rule(17, ops.E4M3, 4096, 4096) is None  # above the measured range: current kernels
     assert ops.decode_rule(1, ops.E5M2, 4096, 4096) is None

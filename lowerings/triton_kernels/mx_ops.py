@@ -84,12 +84,27 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 #   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
 #     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
 #   M > 16: not measured; the current tile kernels.
+# 2026-11-30, session 4: register prefetch of the next weight tile (`prefetch`) at M=1, 8 shapes side by side
+#   (benchmarks/h200_experiments/mx_hfma_prefetch_session4.txt): fp4 n16 kw128 pf won all three (K, N): 13.2 vs
+#   14.6 us (N > K), 6.1 vs 6.1 (N = K), 16.0 vs the split-K pick's 17.1 (K > N, no split needed); fp8 only at
+#   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K).
 # Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
 # kernels.
 DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
-HF_NARROW = {E2M1: replace(HF_WIDE, split_k=2), E4M3: replace(HF_SQUARE, split_k=2)}  # K > N, M=1
+HF_NARROW = {E2M1: replace(HF_WIDE, split_k=2), E4M3: replace(HF_SQUARE, split_k=2)}  # K > N, M=1 (fp8 only)
+HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1, every side of N - K (session 4)
+HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
+
+
+def _m1(w_fmt: int, side: int) -> DecodeConfig:
+    """The M=1 config by weight format and the sign of N - K."""
+    if w_fmt == E2M1:
+        return HF_FP4_M1
+    return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_NARROW[E4M3]
+
+
 HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
     (E2M1, 1): replace(HF_WIDE, block_m=2),
     (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
@@ -112,7 +127,7 @@ _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
 # The measured points, (w_fmt, M bucket's upper end, K, N) -> config; what the rules give for them too
 # (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps.
 DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
-    **{(f, 1, k, n): (HF_WIDE if n > k else HF_SQUARE if n == k else HF_NARROW[f]) for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 1, k, n): _m1(f, (n > k) - (n < k)) for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
@@ -127,7 +142,7 @@ def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
         return None
     side = (n > k) - (n < k)
     if m == 1:
-        return HF_WIDE if side > 0 else HF_SQUARE if side == 0 else HF_NARROW[w_fmt]
+        return _m1(w_fmt, side)
     if m == 2:
         return HF_M2[w_fmt, side]
     if m <= 4:
