@@ -11,14 +11,9 @@ M=1 4096->4096, M=16 4096->14336, M=128 4096->4096.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from qlower.lowerings.triton_kernels import mx_ops, ops  # noqa: E402,F401  (registers the ops)
+from qlower.lowerings.triton_kernels import mx_ops, ops  # noqa: F401  (registers the ops; run with -P)
 
 LAUNCHES = 6
 
