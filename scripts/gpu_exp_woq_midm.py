@@ -6,7 +6,9 @@ Why: under AUTO, qlower's Triton woq kernel serves M <= 64 and the dequant + cuB
 4096->4096 that path measured 0.52x bf16 (the weight dequantized to bf16 every call costs as much as the
 matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 132 SMs; this sweep adds split-K
 and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
-rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time).
+rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
+kernel (`woq_limbs`) at every M > 1. Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1
+(only the limb configs next to the current pick).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_timing import gpu_time_us  # noqa: E402
 
 from qlower.lowerings.triton_kernels import configs, ops  # noqa: E402
-from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, mm  # noqa: E402
+from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, limbs, mm  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
 BUDGET_S = float(os.environ.get("WOQ_EXP_BUDGET_S", "240"))
@@ -33,7 +35,27 @@ N_SETS = 8
 T0 = time.time()
 
 
+def limb_candidates(m: int) -> list[Any]:
+    """`woq_limbs` (x as three int8 digit planes on int8 tensor cores), tiles after the dynamic-int8 table's."""
+    if m <= 16:
+        return [limbs(16, 64, 256, 4, 4), limbs(16, 32, 512, 4, 4), limbs(16, 128, 256, 4, 4),
+                limbs(16, 64, 512, 4, 3), limbs(16, 32, 256, 4, 4)]  # fmt: skip
+    if m <= 64:
+        return [limbs(64, 64, 256, 4, 4), limbs(32, 128, 256, 4, 4), limbs(64, 64, 128, 4, 4),
+                limbs(32, 64, 256, 4, 4), limbs(64, 128, 128, 4, 3)]  # fmt: skip
+    if m <= 256:
+        return [limbs(64, 64, 256, 4, 4), limbs(64, 128, 128, 4, 4), limbs(128, 64, 128, 8, 3),
+                limbs(32, 64, 256, 4, 4), limbs(128, 128, 128, 8, 3), limbs(128, 64, 128, 4, 4)]  # fmt: skip
+    return [limbs(128, 128, 128, 8, 3), limbs(128, 256, 64, 8, 3), limbs(128, 128, 64, 8, 4)]
+
+
 def candidates(m: int) -> list[Any]:
+    if os.environ.get("WOQ_EXP_LIMBS_ONLY"):
+        return limb_candidates(m)
+    return _candidates(m) + (limb_candidates(m) if m > 1 else [])
+
+
+def _candidates(m: int) -> list[Any]:
     if m == 1:  # 4096->4096 needs <= 6.7 us for 2x bf16 (7.0 in session 3): longer K slices, more warps
         return [decode_fma(1, 4, 1024, acc3=True), decode_fma(1, 8, 2048, 8, acc3=True),
                 decode_fma(1, 16, 1024, 8, acc3=True), decode_fma(1, 8, 512, acc3=True),

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 class KernelConfig:
     """One launch: which kernel, its tile, and Triton's warps / pipeline stages."""
 
-    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, dynamic-int8 only) or "decode"
-    # (`woq_decode_kernel`, woq-int8 only, static M: FMA, or swap-AB tensor cores when `swap_ab`)
+    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, dynamic-int8 only), "decode"
+    # (`woq_decode_kernel`, woq-int8 only, static M: FMA, or swap-AB tensor cores when `swap_ab`) or "limbs"
+    # (`woq_limbs`, woq-int8 only, static M, K <= 2**16: x as three int8 digit planes on int8 tensor cores)
     kernel: str
     block_m: int
     block_n: int
@@ -86,6 +87,11 @@ def decode_fma(
 def decode_dot(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 4, *, cvt: int = 2) -> KernelConfig:
     """`woq_decode_kernel` on swap-AB tensor cores: acc^T = W @ x^T, the weight read once for all M <= BM."""
     return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, swap_ab=True, cvt=cvt)
+
+
+def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelConfig:
+    """`woq_limb_mm_kernel` (woq_limbs.py): swap-AB, BM activation rows by BN weight rows per program."""
+    return KernelConfig("limbs", bm, bn, bk, warps, stages)
 
 
 # scripts/gpu_exp_woq.py's winners (H200, 2026-11-30; names as the script prints them)

@@ -18,6 +18,7 @@ from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
 from .launch_args import cdiv, flat, is_static
 from .woq_decode import woq_decode_kernel
+from .woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
 
 
 def _launch(
@@ -54,6 +55,9 @@ def _launch(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
+    if cfg.kernel == "limbs":
+        _launch_limbs(cfg, a, w, ws, bias, out)
+        return
     if cfg.kernel == "gemv":
         grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), cfg.split_k)
         wrap_triton(woq_int8_gemv_kernel)[grid](
@@ -71,6 +75,30 @@ def _launch(
         INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
         SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
+    )  # fmt: skip
+
+
+def _launch_limbs(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
+    m = a.shape[0]
+    n, k = w.shape
+    limbs = torch.empty((3, m, k), dtype=torch.int8, device=a.device)
+    rs = torch.empty((m,), dtype=torch.float32, device=a.device)
+    wrap_triton(x_limbs_kernel)[(m,)](a, limbs, rs, m, k, a.stride(0), a.stride(1), BLOCK=1024, num_warps=4)
+    ws1, s_ws = flat(ws)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1)
+    wrap_triton(woq_limb_mm_kernel)[grid](
+        limbs, rs, w, ws1, b1, out, m, n, k, w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
