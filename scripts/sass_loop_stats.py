@@ -1,7 +1,8 @@
 """Count the SASS instructions in the main loop of a qlower Triton kernel, compiled for sm_90 on a CPU machine.
 
-    python -W ignore scripts/sass_loop_stats.py mx_hfma 16 128 4        # BLOCK_N BLOCK_KW warps [BLOCK_M]
+    python -W ignore scripts/sass_loop_stats.py mx_hfma 16 128 4        # BLOCK_N BLOCK_KW warps [BLOCK_M [prefetch]]
     python -W ignore scripts/sass_loop_stats.py qlinear_mm 64 64 256 4 4 1  # BM BN BK warps stages swap [split]
+    python -W ignore scripts/sass_loop_stats.py woq_limbs 16 64 256 4 4     # BM BN BK warps stages
 
 Why: GPU time is scarce (30 min a session) and a kernel's instruction mix explains most of what a sweep shows.
 Triton compiles for a `GPUTarget("cuda", 90, 32)` without a GPU, and its wheel ships `ptxas` and `nvdisasm`,
@@ -40,14 +41,16 @@ def _compile(fn: Any, sig: dict[str, str], consts: dict[str, Any], div16: list[s
     )
 
 
-def mx_hfma(block_n: int, block_kw: int, warps: int, block_m: int = 1) -> tuple[Any, float]:
+def mx_hfma(
+    block_n: int, block_kw: int, warps: int, block_m: int = 1, prefetch: int = 0
+) -> tuple[Any, float]:
     """The e2m1 f16x2 GEMV; returns (compiled, (row, word) pairs per thread per loop iteration)."""
     from qlower.lowerings.triton_kernels.mx_hfma import mx_hfma_gemv_kernel
 
     sig = dict(x_ptr="*bf16", w_ptr="*i32", s_ptr="*u8", bias_ptr="*bf16", out_ptr="*bf16", M="i32", N="i32",
                KW="i32", KW_SPLIT="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_om="i32")  # fmt: skip
     consts = dict(stride_xk=1, stride_sk=1, s_cols_pad=0, stride_os=0, stride_on=1, W_FMT=3, SWIZZLED=False,
-                  HAS_BIAS=False, EVEN_K=True, EVICT=True, PREFETCH=False, USE_ASM=True, BLOCK_M=block_m,
+                  HAS_BIAS=False, EVEN_K=True, EVICT=True, PREFETCH=bool(prefetch), USE_ASM=True, BLOCK_M=block_m,
                   BLOCK_N=block_n, BLOCK_KW=block_kw)  # fmt: skip
     div = ["x_ptr", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "N", "KW", "KW_SPLIT", "stride_xm", "stride_wn",
            "stride_sn", "stride_om"]  # fmt: skip
@@ -70,6 +73,19 @@ def qlinear_mm(
     div = ["a_ptr", "w_ptr", "ws_ptr", "xs_ptr", "b_ptr", "out_ptr", "M", "N", "K", "stride_am", "stride_wn",
            "stride_om"]  # fmt: skip
     k = _compile(qlinear_mm_kernel, sig, consts, div, warps, stages)
+    return k, bn * bk / (32 * warps)
+
+
+def woq_limbs(bm: int, bn: int, bk: int, warps: int, stages: int) -> tuple[Any, float]:
+    """The int8-limb woq GEMM; returns (compiled, weight elements per thread per step)."""
+    from qlower.lowerings.triton_kernels.woq_limbs import woq_limb_mm_kernel
+
+    sig = dict(l_ptr="*i8", rs_ptr="*fp32", w_ptr="*i8", ws_ptr="*bf16", b_ptr="*bf16", out_ptr="*bf16", M="i32",
+               N="i32", K="i32", stride_wn="i32", stride_om="i32")  # fmt: skip
+    consts = dict(stride_wk=1, stride_ws=1, stride_b=1, stride_on=1, HAS_BIAS=False, EVEN_K=True, BLOCK_M=bm,
+                  BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)  # fmt: skip
+    div = ["l_ptr", "rs_ptr", "w_ptr", "ws_ptr", "b_ptr", "out_ptr", "M", "N", "K", "stride_wn", "stride_om"]
+    k = _compile(woq_limb_mm_kernel, sig, consts, div, warps, stages)
     return k, bn * bk / (32 * warps)
 
 
@@ -98,7 +114,7 @@ def loop_ops(sass: str) -> collections.Counter[str]:
 
 def main() -> None:
     kind, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    compiled, per_thread = {"mx_hfma": mx_hfma, "qlinear_mm": qlinear_mm}[kind](*args)
+    compiled, per_thread = {"mx_hfma": mx_hfma, "qlinear_mm": qlinear_mm, "woq_limbs": woq_limbs}[kind](*args)
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"qlower_{kind}_{'_'.join(map(str, args))}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     sass = subprocess.run(

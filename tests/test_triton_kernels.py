@@ -46,7 +46,7 @@ def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 3
 INTERPRETER_SCRIPT = """
 import torch
 from qlower.lowerings.triton_kernels import ops
-from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, gemv, mm, tma
+from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, gemv, limbs, mm, tma
 
 torch.manual_seed(0)
 
@@ -60,7 +60,9 @@ WOQ = [gemv(1, 16, 32), gemv(2, 8, 32, split_k=2), gemv(4, 16, 16, fast=False), 
        mm(16, 32, 16), mm(32, 16, 32, split_k=3),
        # woq_decode_kernel: cvt 2 (inline PTX) runs as cvt 1 here (ops._decode_cvt), the same kernel otherwise
        decode_fma(1, 16, 32), decode_fma(1, 8, 64, acc3=True), decode_fma(2, 16, 16), decode_dot(16, 16, 32),
-       decode_dot(16, 32, 16, stages=1)]
+       decode_dot(16, 32, 16, stages=1),
+       # woq_limbs: x as three int8 digit planes (its row split and its int8 GEMM)
+       limbs(16, 16, 32), limbs(16, 32, 16, 4, 2)]
 DYN = [mm(16, 16, 32, swap=True), mm(16, 32, 16), mm(32, 16, 32, split_k=2)]
 SHAPES = [(1, 40, 24), (3, 70, 33), (17, 64, 48)]  # K, N off the tile grid; M past one tile
 for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
@@ -91,6 +93,14 @@ for m, k, n, cfg in ((40, 80, 56, tma(16, 16, 32)), (17, 64, 48, tma(16, 32, 16,
     ops._launch_tma(cfg, xq, w, ws, xs, b, out)
     r = ref(xq, w, ws, xs, b)
     assert ((out.double() - r).norm() / r.norm()).item() < 1e-6, (m, k, n, str(cfg))
+# woq_limbs: rows far from 1 in magnitude, a zero row, and rows holding NaN / inf (those give NaN rows)
+w, ws = torch.randint(-127, 128, (24, 64), dtype=torch.int8), torch.rand(24) + 0.5
+x = torch.randn(5, 64, dtype=torch.float16) * torch.tensor([[1e4], [1e-3], [0.0], [1.0], [1.0]], dtype=torch.float16)
+x[3, 7], x[4, 9] = float("nan"), float("inf")
+out = ops.launch_config(limbs(16, 16, 32), x, w, ws, out_dtype=torch.float32)
+r = ref(x[:3], w, ws, None, None)
+assert all(((out[i].double() - r[i]).norm() <= 1e-6 * r[i].norm()).item() for i in range(3)), out[:3]
+assert torch.isnan(out[3:]).all()
 print("ok")
 """
 
@@ -270,10 +280,12 @@ def test_woq_op_matches_float64(m, k, n, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg_name", ["gemv", "gemv_splitk", "mm_swap", "mm", "mm_splitk", "mm_i2f"])
+@pytest.mark.parametrize(
+    "cfg_name", ["gemv", "gemv_splitk", "mm_swap", "mm", "mm_splitk", "mm_i2f", "limbs", "limbs_wide"]
+)
 def test_woq_every_kernel_shape(cfg_name):
     from qlower.lowerings.triton_kernels import ops
-    from qlower.lowerings.triton_kernels.configs import gemv, mm
+    from qlower.lowerings.triton_kernels.configs import gemv, limbs, mm
 
     cfg = {
         "gemv": gemv(1, 16, 512),
@@ -282,6 +294,8 @@ def test_woq_every_kernel_shape(cfg_name):
         "mm": mm(64, 128, 64, 4, 3),
         "mm_splitk": mm(32, 64, 128, 4, 3, split_k=2),
         "mm_i2f": mm(128, 128, 64, 8, 3, fast=False),
+        "limbs": limbs(16, 64, 256, 4, 4),
+        "limbs_wide": limbs(128, 128, 128, 8, 3),
     }[cfg_name]
     for m in GPU_M:
         x, w, s, b, ref = _woq_inputs(m, 1000, 520, torch.bfloat16, bias=True, seed=m)
@@ -312,12 +326,17 @@ def _compiled_code(model, xs, dynamic=None, **opts):
     return [out, *rest], "\n".join(code)
 
 
-KERNEL_OF_KIND = {"decode": "woq_decode_kernel", "gemv": "woq_int8_gemv_kernel", "mm": "qlinear_mm_kernel"}
+KERNEL_OF_KIND = {
+    "decode": "woq_decode_kernel",
+    "gemv": "woq_int8_gemv_kernel",
+    "mm": "qlinear_mm_kernel",
+    "limbs": "woq_limb_mm_kernel",
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["gpt_fast", "kn_weight", "scale_first"])
-@pytest.mark.parametrize("m,k,n", [(m, 1000, 520) for m in GPU_M] + DECODE_POINTS)
+@pytest.mark.parametrize("m,k,n", [(m, 1000, 520) for m in GPU_M] + DECODE_POINTS + [(4, 4096, 14336)])
 def test_compile_calls_triton_kernel(form, m, k, n):
     from qlower.lowerings.triton_kernels import configs, ops
 

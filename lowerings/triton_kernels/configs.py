@@ -128,10 +128,12 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
     # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
-    (4, 4096, 14336): mm(16, 64, 128, 4, 5, swap=True),  # 26.7 (27.3 in the decode run; bf16 29.9)
+    # the int8-limb kernel (woq_limbs.py) won two of the 13 points of the session-4 run (gpu_exp_woq_midm.py,
+    # WOQ_EXP_LIMBS_ONLY): these two; elsewhere it lost by 5-50% (the split launch and 3x the x traffic)
+    (4, 4096, 14336): limbs(16, 64, 256, 4, 4),  # 24.2 (mm(16, 64, 128, 4, 5, swap=True): 27.2; bf16 32.5)
     (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9 (22.25 in the decode run; bf16 30.0)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True),  # 31.5 (was the same tile unswapped: 36.6)
-    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True),  # 52.9 (the rule's 128x128x64: 58.6)
+    (128, 4096, 14336): limbs(128, 128, 128, 8, 3),  # 50.1 (mm(128, 64, 128, 4, 4, swap=True): 52.8-52.9)
     (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5 (77.2 in the session-4 run, still the best of 13)
     (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
     (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
@@ -224,7 +226,8 @@ def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
 
 
 def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
-    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule."""
+    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule. Only table
+    entries name a "limbs" config, all at K = 4096 (the kernel needs K <= woq_limbs.MAX_K)."""
     b = m_bucket(m)
     return WOQ_INT8_TABLE.get((b, k, n)) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
 
