@@ -35,7 +35,12 @@ def _asm_e2m1() -> str:
     lines = ["{", ".reg .b32 t, u, p, a;", ".reg .b16 lo, hi, h;"]
     for i in range(4):
         lines.append(f"shl.b32 t, $1, {12 - 4 * i};" if i < 3 else "mov.b32 t, $1;")
-        lines += ["shr.b32 u, t, 3;", "and.b32 u, u, 0x0E000E00;", "and.b32 t, t, 0x80008000;", "or.b32 p, t, u;"]
+        lines += [
+            "shr.b32 u, t, 3;",
+            "and.b32 u, u, 0x0E000E00;",
+            "and.b32 t, t, 0x80008000;",
+            "or.b32 p, t, u;",
+        ]
         lines.append(f"mul.rn.f16x2 a, p, ${2 + i};" if i == 0 else f"fma.rn.f16x2 a, p, ${2 + i}, a;")
     lines += ["mov.b32 {lo, hi}, a;", "add.rn.f16 h, lo, hi;", "cvt.f32.f16 $0, h;", "}"]
     return one_line("\n".join(lines))
@@ -82,7 +87,9 @@ def _x_block(x_ptr, row, M, kw, KW, stride_xm, stride_xk, EPW: tl.constexpr, NBK
         x5 = tl.load(base + 5 * stride_xk, mask=mask, other=0).to(tl.float32)
         x6 = tl.load(base + 6 * stride_xk, mask=mask, other=0).to(tl.float32)
         x7 = tl.load(base + 7 * stride_xk, mask=mask, other=0).to(tl.float32)
-        amax = tl.maximum(amax, tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+        amax = tl.maximum(
+            amax, tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
+        )
     else:
         x4 = x0
         x5 = x0
@@ -146,7 +153,12 @@ def _word_sums(w, pa, pb, pc, pd, hs, W_FMT: tl.constexpr, USE_ASM: tl.constexpr
         )  # fmt: skip
     else:
         return tl.inline_asm_elementwise(
-            _E4M3_ASM, _E4M3_CONSTRAINTS, [w, pa[None, :], pb[None, :]], dtype=tl.float32, is_pure=True, pack=1
+            _E4M3_ASM,
+            _E4M3_CONSTRAINTS,
+            [w, pa[None, :], pb[None, :]],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
         )
 
 
@@ -197,10 +209,16 @@ def mx_hfma_gemv_kernel(
         s = _block_scales(s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, 1.0, SWIZZLED)
         acc0 += _row_partial(w, s, x_ptr, row0, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW)
         if BLOCK_M >= 2:
-            acc1 += _row_partial(w, s, x_ptr, row0 + 1, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW)
+            acc1 += _row_partial(
+                w, s, x_ptr, row0 + 1, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW
+            )
         if BLOCK_M == 4:
-            acc2 += _row_partial(w, s, x_ptr, row0 + 2, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW)
-            acc3 += _row_partial(w, s, x_ptr, row0 + 3, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW)
+            acc2 += _row_partial(
+                w, s, x_ptr, row0 + 2, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW
+            )
+            acc3 += _row_partial(
+                w, s, x_ptr, row0 + 3, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW
+            )
     o_base = out_ptr + pid_k * stride_os + rn * stride_on
     _store_row(acc0, o_base, row0, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
     if BLOCK_M >= 2:

@@ -87,7 +87,9 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 # 2026-11-30, session 4: register prefetch of the next weight tile (`prefetch`) at M=1, 8 shapes side by side
 #   (benchmarks/h200_experiments/mx_hfma_prefetch_session4.txt): fp4 n16 kw128 pf won all three (K, N): 13.2 vs
 #   14.6 us (N > K), 6.1 vs 6.1 (N = K), 16.0 vs the split-K pick's 17.1 (K > N, no split needed); fp8 only at
-#   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K).
+#   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4
+#   (mx_hfma_m{2,4}_session4.txt) moved the entries marked "session 4" in HF_M2 / HF_M4 (prefetch; 2 warps
+#   with a K split for fp4 K > N at M=4); ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
 # Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
 # kernels.
 DECODE_MAX_M = 16
@@ -109,18 +111,18 @@ HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
     (E2M1, 1): replace(HF_WIDE, block_m=2),
     (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
     (E2M1, 0): replace(HF_SQUARE, block_m=2),
-    (E4M3, 0): replace(HF_SQUARE, block_m=2),
+    (E4M3, 0): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 9.8 vs 10.8 us
     (E2M1, -1): replace(HF_WIDE, block_m=2, split_k=2),
-    (E4M3, -1): replace(HF_WIDE, block_m=2, split_k=2),
+    (E4M3, -1): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 25.9 vs 28.7 us
 }
 DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
 DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
 HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
-    (E2M1, 1): replace(HF_WIDE, block_m=4, split_k=2),
+    (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 34.9 vs 39.2 us
     (E4M3, 1): DEC_MM_FP8,
-    (E2M1, 0): replace(HF_WIDE, block_m=4),
+    (E2M1, 0): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 13.1 vs 15.3 us
     (E4M3, 0): replace(HF_SQUARE, block_m=4),
-    (E2M1, -1): replace(HF_WIDE, block_m=4, block_n=8),
+    (E2M1, -1): replace(HF_WIDE, block_m=4, num_warps=2, split_k=2, prefetch=True),  # session 4: 37.6 vs 47.7
     (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
 _KN = ((4096, 14336), (4096, 4096), (14336, 4096))

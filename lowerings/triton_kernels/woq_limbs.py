@@ -39,7 +39,7 @@ def x_limbs_kernel(x_ptr, limbs_ptr, rs_ptr, M, K, stride_xm, stride_xk, BLOCK: 
     """Row m of x -> limbs[l, m, :] (int8, l = 0, 1, 2 from the least significant) and rs[m] = 2**(e - 21)."""
     m = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    row = x_ptr + m.to(tl.int64) * stride_xm
+    row = x_ptr + tl.cast(m, tl.int64) * stride_xm
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK):
         v = tl.load(row + (k0 + offs) * stride_xk, mask=k0 + offs < K, other=0.0).to(tl.float32)
@@ -54,8 +54,8 @@ def x_limbs_kernel(x_ptr, limbs_ptr, rs_ptr, M, K, stride_xm, stride_xk, BLOCK: 
     up = ((148 + 127 - eb) << 23).to(tl.float32, bitcast=True)  # 2**(21 - (eb - 127))
     down = ((eb - 21) << 23).to(tl.float32, bitcast=True)  # 2**((eb - 127) - 21)
     tl.store(rs_ptr + m, tl.where(finite, down, float("nan")))
-    out = limbs_ptr + m.to(tl.int64) * K
-    plane = M.to(tl.int64) * K
+    out = limbs_ptr + tl.cast(m, tl.int64) * K
+    plane = tl.cast(M, tl.int64) * K
     for k0 in range(0, K, BLOCK):
         in_k = k0 + offs < K
         v = tl.load(row + (k0 + offs) * stride_xk, mask=in_k, other=0.0).to(tl.float32)
@@ -97,7 +97,7 @@ def woq_limb_mm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     rm = offs_m % M  # rows past M / N re-read valid memory; the epilogue masks them
     rn = offs_n % N
-    plane = M.to(tl.int64) * K
+    plane = tl.cast(M, tl.int64) * K
     w_ptrs = w_ptr + rn[:, None] * stride_wn + offs_k[None, :] * stride_wk
     d_ptrs = l_ptr + rm[None, :] * K + offs_k[:, None]  # digit plane 0, transposed: [BK, BM]
     acc0 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.int32)
