@@ -129,7 +129,8 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
     # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
     # the int8-limb kernel (woq_limbs.py) won two of the 13 points of the session-4 run (gpu_exp_woq_midm.py,
-    # WOQ_EXP_LIMBS_ONLY): these two; elsewhere it lost by 5-50% (the split launch and 3x the x traffic)
+    # WOQ_EXP_LIMBS_ONLY): these two; it tied at M=64 4096^2 and lost elsewhere by 6-43% (the split launch and
+    # 3x the activation traffic)
     (4, 4096, 14336): limbs(16, 64, 256, 4, 4),  # 24.2 (mm(16, 64, 128, 4, 5, swap=True): 27.2; bf16 32.5)
     (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9 (22.25 in the decode run; bf16 30.0)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True),  # 31.5 (was the same tile unswapped: 36.6)
