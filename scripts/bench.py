@@ -93,7 +93,9 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def grid(mod: ModuleType, quick: bool, shapes: str | None, device: str = "cpu") -> dict[tuple[int, int], list[int]]:
+def grid(
+    mod: ModuleType, quick: bool, shapes: str | None, device: str = "cpu"
+) -> dict[tuple[int, int], list[int]]:
     """(K, N) -> M values, in run order. On CUDA a family may list more M (`GRID_M_CUDA`: the compute-bound
     sizes a 2-core CPU cannot time in reasonable time)."""
     if shapes:
@@ -420,7 +422,12 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
 
 
 def write(
-    out: Path, device: str, mod: ModuleType, meta: dict[str, Any], results: list[Result], with_plot: bool = True
+    out: Path,
+    device: str,
+    mod: ModuleType,
+    meta: dict[str, Any],
+    results: list[Result],
+    with_plot: bool = True,
 ) -> str:
     """The .md, .json and .png of one run under `out`; returns the table text."""
     header = " · ".join(f"{k} {v}" for k, v in meta.items())

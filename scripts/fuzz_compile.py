@@ -60,7 +60,6 @@ from woq_models import FORMS as WOQ_FORMS  # noqa: E402
 from woq_models import WoqLinear  # noqa: E402
 
 import qlower  # noqa: E402
-from qlower.patterns import mx_format as fmt  # noqa: E402
 
 FAMILIES = ("woq_int8", "dynamic_int8", "mx")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -97,7 +96,7 @@ DYN_FORMS: dict[str, tuple[type, dict[str, Any]]] = {
     "PT2E_asym": (dyn.PT2E, {"asymmetric": True}),
 }
 MX_HAND_WRITTEN = tuple(mx_models.hand_written_forms(32, 32))
-# (activation format or None: weight-only, weight format) of the MXLinear module below
+# (activation format or None: weight-only, weight format) of tests/mx_models.py's MXLinear
 MX_LINEAR_FORMATS = (
     (None, "e4m3"),
     (None, "e2m1"),
@@ -129,38 +128,6 @@ class MXFormModule(nn.Module):
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         y = mx_models.reference(self.name, x, self.q, self.e)
         return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-class MXLinear(nn.Module):
-    """tests/test_mx_gpu.py's _MXLinear: weight-only MX, or MX-quantized activations too; optional bias."""
-
-    def __init__(
-        self, a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool, bias: bool, seed: int
-    ) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        q, e = fmt.quantize(torch.randn(n, k, generator=g) * k**-0.5, w_elem)
-        self.register_buffer("q", q)
-        self.register_buffer("e", e.view(torch.float8_e8m0fnu) if e8m0 else e)
-        self.register_buffer("b", torch.randn(n, generator=g) * 0.1 if bias else None)
-        self.a_elem, self.w_elem, self.n, self.k = a_elem, w_elem, n, k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.k)
-        if self.a_elem is not None:
-            xq, xe = fmt.quantize(x2.float(), self.a_elem)
-            x2 = fmt.dequantize(xq, xe, self.a_elem, x.dtype)
-        w = fmt.dequantize(self.q, self.e, self.w_elem, x.dtype)
-        b = None if self.b is None else self.b.to(x.dtype)
-        return F.linear(x2, w, b).reshape(*x.shape[:-1], self.n)
-
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """float64 x @ dequant(w).T (+ b): the weight-only reference (activation-quantized forms use eager)."""
-        w = fmt.dequantize_f64(self.q, self.e.view(torch.uint8), self.w_elem)
-        y = x.double().reshape(-1, self.k) @ w.t()
-        if self.b is not None:
-            y = y + self.b.to(x.dtype).double()
-        return y.reshape(*x.shape[:-1], self.n)
 
 
 class MXPartialBlock(nn.Module):
@@ -303,7 +270,9 @@ def build(case: Case) -> tuple[nn.Module, Any, Any]:
         return model, model, model.reference
     if case.form == "mx_linear":
         a_elem = None if case.extra["act"] == "none" else case.extra["act"]
-        model = MXLinear(a_elem, case.extra["weight"], case.n, case.k, case.extra["e8m0"], case.bias, s)
+        model = mx_models.MXLinear(
+            a_elem, case.extra["weight"], case.n, case.k, case.extra["e8m0"], case.bias, s
+        )
         model = _to_device(model, dev)
         return model, model, (model.reference if a_elem is None else None)
     model = _to_device(MXFormModule(case.form, case.n, case.k, s), dev)

@@ -43,7 +43,9 @@ def main() -> None:
         _, code = run_and_get_code(fn, x, sets[0][1], sets[0][2])
         (OUT / f"woq_code_{m}x{k}x{n}.py").write_text("\n\n# ----\n\n".join(code))
         t_bf16 = gpu_time_us([lambda w=w, x=x: F.linear(x, w) for w, _, _ in sets])
-        t_op = gpu_time_us([lambda q=q, s=s, x=x: torch.ops.qlower.woq_int8_linear(x, q, s, None) for _, q, s in sets])
+        t_op = gpu_time_us(
+            [lambda q=q, s=s, x=x: torch.ops.qlower.woq_int8_linear(x, q, s, None) for _, q, s in sets]
+        )
         t_cmp = gpu_time_us([lambda q=q, s=s, x=x, fn=fn: fn(x, q, s) for _, q, s in sets])
         print(f"M={m} {k}->{n}: bf16 {t_bf16:.2f} us, op alone {t_op:.2f} us ({t_bf16 / t_op:.2f}x), "
               f"compiled {t_cmp:.2f} us ({t_bf16 / t_cmp:.2f}x)", flush=True)  # fmt: skip

@@ -109,3 +109,44 @@ def trace(fn: Callable[..., Any], *args: Any, dynamic: bool = False) -> fx.Graph
         return qt.trace_for_inductor(fn, *args, dynamic=dynamic)
     finally:
         qt.copy = copy  # type: ignore[attr-defined]
+
+
+class MXLinear(torch.nn.Module):
+    """A hand-written MX linear: weight-only, or MX-quantized activations too; optional bias. Weights are buffers
+    (static shapes under dynamic=True, as parameters are); generated on `device` from `seed`."""
+
+    def __init__(
+        self,
+        a_elem: str | None,
+        w_elem: str,
+        n: int,
+        k: int,
+        e8m0: bool = False,
+        bias: bool = False,
+        seed: int = 3,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__()
+        g = torch.Generator(device=device).manual_seed(seed)
+        q, e = fmt.quantize(torch.randn(n, k, device=device, generator=g) * k**-0.5, w_elem)
+        self.register_buffer("q", q)
+        self.register_buffer("e", e.view(torch.float8_e8m0fnu) if e8m0 else e)
+        self.register_buffer("b", torch.randn(n, device=device, generator=g) * 0.1 if bias else None)
+        self.a_elem, self.w_elem, self.n, self.k = a_elem, w_elem, n, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.k)
+        if self.a_elem is not None:
+            xq, xe = fmt.quantize(x2.float(), self.a_elem)
+            x2 = fmt.dequantize(xq, xe, self.a_elem, x.dtype)
+        w = fmt.dequantize(self.q, self.e, self.w_elem, x.dtype)
+        b = None if self.b is None else self.b.to(x.dtype)
+        return F.linear(x2, w, b).reshape(*x.shape[:-1], self.n)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """float64 x @ dequant(w).T (+ b): the weight-only reference (activation-quantized forms use eager)."""
+        w = fmt.dequantize_f64(self.q, self.e.view(torch.uint8), self.w_elem)
+        y = x.double().reshape(-1, self.k) @ w.t()
+        if self.b is not None:
+            y = y + self.b.to(x.dtype).double()
+        return y.reshape(*x.shape[:-1], self.n)

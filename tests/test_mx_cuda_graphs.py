@@ -156,7 +156,10 @@ def test_sm90_auto_weight_only_above_decode_sizes_emulates():
 
     def graph(m):
         return _fake_graph(
-            _weight_only_fp4, ((m, K), torch.bfloat16), ((N, K // 2), torch.uint8), ((N, K // 32), torch.uint8)
+            _weight_only_fp4,
+            ((m, K), torch.bfloat16),
+            ((N, K // 2), torch.uint8),
+            ((N, K // 32), torch.uint8),
         )
 
     assert [d.lowering for d in lower(graph(16), (9, 0))] == ["triton.mx_linear"]

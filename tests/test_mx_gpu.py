@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from mx_models import MXLinear
 
 import qlower
 from qlower.patterns import mx_format as fmt
@@ -77,28 +77,8 @@ def test_kernel_matches_float64_reference(a_elem, w_elem, kernel, swizzled):
     assert _rel(y, ref) <= 1e-2
 
 
-class _MXLinear(torch.nn.Module):
-    """A hand-written MX linear: weights as buffers (static shapes under dynamic=True, as parameters are)."""
-
-    def __init__(self, a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool = False) -> None:
-        super().__init__()
-        g = torch.Generator(device=DEV).manual_seed(3)
-        q, e = fmt.quantize(torch.randn(n, k, device=DEV, generator=g) * k**-0.5, w_elem)
-        self.register_buffer("q", q)
-        self.register_buffer("e", e.view(torch.float8_e8m0fnu) if e8m0 else e)
-        self.a_elem, self.w_elem, self.n, self.k = a_elem, w_elem, n, k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.k)
-        if self.a_elem is not None:
-            xq, xe = fmt.quantize(x2.float(), self.a_elem)
-            x2 = fmt.dequantize(xq, xe, self.a_elem, x.dtype)
-        w = fmt.dequantize(self.q, self.e, self.w_elem, x.dtype)
-        return F.linear(x2, w).reshape(*x.shape[:-1], self.n)
-
-
 def _model(a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool = False):
-    m = _MXLinear(a_elem, w_elem, n, k, e8m0)
+    m = MXLinear(a_elem, w_elem, n, k, e8m0, device=DEV)
     return m, (m.q, m.e)
 
 
