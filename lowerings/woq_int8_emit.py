@@ -16,17 +16,34 @@ from . import custom_ops, inductor_fixes
 from .emit import Emitter, finish, scale_vector, weight_nk
 
 
+def _kernel_scale(em: Emitter, rec: QuantLinear) -> tuple[fx.Node, fx.Node | None]:
+    """(the [N] scale a kernel taking it in x's dtype applies, the scale to multiply its output by, or None).
+
+    Such a kernel would round a wider scale (fp32 next to bf16 x) to bf16, one more rounding than eager's
+    (mm rounded to x's dtype, then times the fp32 scale: the output is fp32). For a wider scale the kernel
+    gets ones and the scale multiplies its output in the wider dtype, which is eager's own arithmetic.
+    """
+    sv = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
+    wide = sv is not None and torch.promote_types(sv.dtype, rec.compute_dtype) != rec.compute_dtype
+    if not wide:
+        return scale_vector(em, rec, rec.compute_dtype), None
+    ones = em.call(
+        aten.full.default, [rec.n], 1.0, dtype=rec.compute_dtype, device=rec.device, pin_memory=False
+    )
+    return ones, scale_vector(em, rec, torch.promote_types(sv.dtype, rec.compute_dtype))
+
+
+def _scaled(em: Emitter, core: fx.Node, after: fx.Node | None) -> fx.Node:
+    return core if after is None else em.call(aten.mul.Tensor, core, after)
+
+
 def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """aten._weight_int8pack_mm(x [M, K], w [N, K] int8, scale [N]) with scale in x's dtype."""
     inductor_fixes.fix_int8pack_lowering()
     em = Emitter(graph, rec.output)
-    core = em.call(
-        aten._weight_int8pack_mm.default,
-        em.contiguous(rec.x),
-        weight_nk(em, rec),
-        scale_vector(em, rec, rec.compute_dtype),
-    )
-    return finish(em, rec, core)
+    scale, after = _kernel_scale(em, rec)
+    core = em.call(aten._weight_int8pack_mm.default, em.contiguous(rec.x), weight_nk(em, rec), scale)
+    return finish(em, rec, _scaled(em, core, after))
 
 
 def make_emit_int8pack_by_m(max_m_packed: int):
@@ -34,14 +51,11 @@ def make_emit_int8pack_by_m(max_m_packed: int):
 
     def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         em = Emitter(graph, rec.output)
+        scale, after = _kernel_scale(em, rec)
         core = em.call(
-            custom_ops.woq_int8_mm_by_m,
-            em.contiguous(rec.x),
-            weight_nk(em, rec),
-            scale_vector(em, rec, rec.compute_dtype),
-            max_m_packed,
+            custom_ops.woq_int8_mm_by_m, em.contiguous(rec.x), weight_nk(em, rec), scale, max_m_packed
         )
-        return finish(em, rec, core)
+        return finish(em, rec, _scaled(em, core, after))
 
     return emit
 

@@ -245,3 +245,24 @@ def test_torchao_large_weight_uses_the_reused_buffer():
     w = model[0].weight
     ref = x.double() @ (w.qdata.double() * w.scale.double().reshape(-1, 1)).t() + model[0].bias.double()
     assert (out.double() - ref).abs().max() <= 1.05 * (eager.double() - ref).abs().max()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_fp32_scale_is_applied_in_fp32_as_eager_does(dynamic):
+    """bf16 x with an fp32 scale: eager rounds the mm to bf16, then multiplies by the fp32 scale. The packed
+    kernel takes its scale in x's dtype, so qlower gives it ones and scales its output in fp32: the same
+    arithmetic, not an fp32 scale rounded to bf16 first (found by scripts/fuzz_compile.py)."""
+    model = WoqLinear(64, 200, BF16, form="gpt_fast", bias=True, scale_dtype=FP32, seed=5)
+    xs = [torch.randn(1, m, 64, dtype=BF16, generator=torch.Generator().manual_seed(m)) for m in (3, 5)]
+    outs, _, report = compile_and_run(model, *xs, dynamic=dynamic)
+    assert [d.lowering for d in report] == [
+        "qlower.woq_int8_mm_by_m" if dynamic else "aten._weight_int8pack_mm"
+    ]
+    with torch.no_grad():
+        for out, x in zip(outs, xs, strict=True):
+            eager = model(x)
+            assert out.dtype == eager.dtype == FP32
+            # the same roundings as eager: equal but for the mm's summation order, far below a bf16 step
+            rel = ((out - eager).abs() / eager.abs().clamp_min(1e-3)).median().item()
+            assert rel < 2**-12, rel
+            assert_close_to_reference(out, eager, model.reference(x))

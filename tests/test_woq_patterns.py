@@ -37,10 +37,10 @@ class TestWoqForms(expecttest.TestCase):
             text,
             """\
 view: bfloat16[6, 64] = aten.view(arg2_1, [6, 64])
-convert_element_type_default: bfloat16[32] = prims.convert_element_type(arg1_1, bfloat16)
-_weight_int8pack_mm_default: bfloat16[6, 32] = aten._weight_int8pack_mm(view, arg0_1, convert_element_type_default)
-convert_element_type_default_1: float32[6, 32] = prims.convert_element_type(_weight_int8pack_mm_default, float32)
-add_tensor: float32[6, 32] = aten.add.Tensor(convert_element_type_default_1, arg3_1)
+full_default: bfloat16[32] = aten.full([32], 1.0, dtype=bfloat16, device=device(type='cpu'), pin_memory=False)
+_weight_int8pack_mm_default: bfloat16[6, 32] = aten._weight_int8pack_mm(view, arg0_1, full_default)
+mul_tensor: float32[6, 32] = aten.mul.Tensor(_weight_int8pack_mm_default, arg1_1)
+add_tensor: float32[6, 32] = aten.add.Tensor(mul_tensor, arg3_1)
 reshape_default: float32[2, 3, 32] = aten.reshape(add_tensor, [2, 3, 32])""",
         )
 
