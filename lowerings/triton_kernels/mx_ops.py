@@ -95,7 +95,7 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
-HF_NARROW = {E2M1: replace(HF_WIDE, split_k=2), E4M3: replace(HF_SQUARE, split_k=2)}  # K > N, M=1 (fp8 only)
+HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
 HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1, every side of N - K (session 4)
 HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
 
@@ -104,7 +104,7 @@ def _m1(w_fmt: int, side: int) -> DecodeConfig:
     """The M=1 config by weight format and the sign of N - K."""
     if w_fmt == E2M1:
         return HF_FP4_M1
-    return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_NARROW[E4M3]
+    return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_FP8_M1_NARROW
 
 
 HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
