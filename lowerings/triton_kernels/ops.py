@@ -18,6 +18,7 @@ from .int8_hopper import int8_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
 from .launch_args import cdiv, flat, is_static
 from .woq_decode import woq_decode_kernel
+from .woq_limbs import MAX_K as LIMBS_MAX_K
 from .woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
 
 
@@ -89,6 +90,8 @@ def _launch_limbs(
     """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
     m = a.shape[0]
     n, k = w.shape
+    if k > LIMBS_MAX_K:  # only table entries at K = 4096 pick this kernel; a sweep must not pass more
+        raise ValueError(f"the int8-limb kernel keeps int32 sums exact for K <= {LIMBS_MAX_K}, got K={k}")
     limbs = torch.empty((3, m, k), dtype=torch.int8, device=a.device)
     rs = torch.empty((m,), dtype=torch.float32, device=a.device)
     wrap_triton(x_limbs_kernel)[(m,)](a, limbs, rs, m, k, a.stride(0), a.stride(1), BLOCK=1024, num_warps=4)
