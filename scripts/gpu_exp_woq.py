@@ -69,6 +69,17 @@ def variants() -> list[tuple[str, Any, bool, tuple[int, ...]]]:
 
     m1, m4, m416, mall = (1,), (4,), (4, 16), (1, 4, 16)
     v: list[tuple[Any, bool, tuple[int, ...]]] = [
+        # session 5: one row, the K-long tiles with a 2-D accumulator (acc3) that won 4096^2 (7.1 us), varied
+        (C(False, 1, 4, 1024, 4, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 8, 2048, 4, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 4, 2048, 4, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 2, 4096, 4, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 8, 1024, 4, cvt=2, acc3=True, prefetch=True), False, m1),
+        (C(False, 1, 8, 1024, 8, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 16, 1024, 8, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 8, 1024, 2, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 4, 1024, 2, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 8, 1024, 4, 2, cvt=2, acc3=True), False, m1),
         # FMA, one row. BK <= 512 keeps a row's K slice inside one warp (32 lanes x 16 bytes), so the per-step
         # reduction is shuffles only; BK = 1024 spreads it over 2 warps (shared memory + a barrier per step)
         (C(False, 1, 16, 512, 4, cvt=2), False, m1),

@@ -96,7 +96,10 @@ def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelC
 
 # scripts/gpu_exp_woq.py's winners (H200, 2026-11-30; names as the script prints them)
 DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
-DECODE_FMA_LONG_K = decode_fma(1, 8, 1024, acc3=True)  # `fma 1x8x1024 w4 s1 cvt2 acc3`
+# session 5 (two gpu_exp_woq.py runs on the H200, side by side with the 8-row tile): 4 rows on 2 warps per program
+# (1024 programs at N = 4096) won both K >= N shapes, 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58
+# vs 17.81 / 17.93 us at 14336->4096 (benchmarks/h200_experiments/woq_m1_*session5.txt)
+DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
 DECODE_DOT = decode_dot(16, 32, 256)  # `dot 16x32x256 w4 s4 cvt2`
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -115,7 +118,7 @@ def m_bucket(m: int) -> int:
 # The "decode" entries (M <= 16) come from the 2026-11-30 H200 run of scripts/gpu_exp_woq.py (same setup;
 # woq_decode_kernel variants side by side with the config this table held before, "was"; bf16 = cuBLAS bf16).
 WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
-    (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.98 (was gemv(1, 8, 1024): 8.8; bf16 13.4)
+    (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
     (4, 4096, 4096): DECODE_DOT,  # 11.16 (was mm(16, 32, 256, 4, 4, swap=True): 12.3; bf16 13.5)
     (16, 4096, 4096): DECODE_DOT,  # 10.62 (was mm(16, 32, 256, 4, 4, swap=True): 12.1; bf16 13.5)
     (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5 (17.4 in the M=16..256 run below)
@@ -138,7 +141,7 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5 (77.2 in the session-4 run, still the best of 13)
     (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
     (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
-    (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.78 (was the rule's gemv(1, 8, 1024): 22.1; bf16 31.6)
+    (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
     # M 4 / 16, 14336->4096: split-K "sem" (last program reduces) was faster at M=4 (27.8 us) but needs a
     # persistent zeroed counter buffer, which a functional op cannot keep; no split-K here.
     (4, 14336, 4096): DECODE_DOT,  # 30.07 (was the rule's mm(16, 64, 256, 4, 4): 43.6; bf16 31.7)
@@ -179,9 +182,9 @@ _DYNAMIC_LARGE_BUCKET = 1024
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
     """Static M <= 16 off the table: woq_decode_kernel where it won in scripts/gpu_exp_woq.py (None: `mm`).
 
-    M = 1: 1x8x1024 acc3 won both measured shapes with K >= N (4096->4096, 14336->4096), 1x16x512 the one with
-    N > K (4096->14336). With N not larger than K, 8-row tiles give twice the programs (512 at N = 4096, ~4
-    waves on 132 SMs, vs 256 for 16 rows) and each walks a long K, where the 2-D accumulator (one reduction
+    M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
+    K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
+    narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long K, where the 2-D accumulator (one reduction
     at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
     itself was measured (acc3 won), so the switch is at K >= N rather than K >= 2N; nothing was measured
     between K = N and N = 3.5 K.

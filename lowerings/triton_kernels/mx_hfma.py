@@ -31,17 +31,22 @@ from .mx_decode import _bits_elem, _block_scales, _load_w
 
 
 def _asm_e2m1() -> str:
-    """$0: the fp32 sum of one word's 8 products; $1: the word; $2..$5: f16x2 x pairs (elements i, i+4)."""
-    lines = ["{", ".reg .b32 t, u, p, a;", ".reg .b16 lo, hi, h;"]
-    for i in range(4):
-        lines.append(f"shl.b32 t, $1, {12 - 4 * i};" if i < 3 else "mov.b32 t, $1;")
-        lines += [
-            "shr.b32 u, t, 3;",
-            "and.b32 u, u, 0x0E000E00;",
-            "and.b32 t, t, 0x80008000;",
-            "or.b32 p, t, u;",
-        ]
-        lines.append(f"mul.rn.f16x2 a, p, ${2 + i};" if i == 0 else f"fma.rn.f16x2 a, p, ${2 + i}, a;")
+    """$0: the fp32 sum of one word's 8 products; $1: the word; $2..$5: f16x2 x pairs (elements i, i+4).
+
+    Pair i needs nibble i's sign at bit 15 and its 3 magnitude bits at 9..11 (nibble i+4: 31, 25..27), i.e.
+    the sign moved 3 bits further than the magnitude. Two merged words do that once for two pairs each:
+    `ve` puts the even nibbles' signs 3 bits up (bit select with 0x40404040), `vo` the odd nibbles'
+    magnitudes 3 bits down (0x0E0E0E0E); each pair is then one shift and one mask (none for pair 3). 11
+    integer ops per word instead of 16; bit-identical to the per-pair form (checked on 2**17 words).
+    """
+    mask = "0x8E008E00"
+    lines = ["{", ".reg .b32 t, ve, vo, p0, p1, p2, p3, a;", ".reg .b16 lo, hi, h;"]
+    lines += ["shl.b32 t, $1, 3;", "lop3.b32 ve, t, $1, 0x40404040, 0xE4;"]  # (c & a) | (~c & b)
+    lines += ["shr.b32 t, $1, 3;", "lop3.b32 vo, t, $1, 0x0E0E0E0E, 0xE4;"]
+    lines += ["shl.b32 p0, ve, 9;", f"and.b32 p0, p0, {mask};", "shl.b32 p1, vo, 8;", f"and.b32 p1, p1, {mask};"]
+    lines += ["shl.b32 p2, ve, 1;", f"and.b32 p2, p2, {mask};", f"and.b32 p3, vo, {mask};"]
+    lines += ["mul.rn.f16x2 a, p0, $2;", "fma.rn.f16x2 a, p1, $3, a;", "fma.rn.f16x2 a, p2, $4, a;"]
+    lines += ["fma.rn.f16x2 a, p3, $5, a;"]
     lines += ["mov.b32 {lo, hi}, a;", "add.rn.f16 h, lo, hi;", "cvt.f32.f16 $0, h;", "}"]
     return one_line("\n".join(lines))
 

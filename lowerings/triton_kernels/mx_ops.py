@@ -90,20 +90,25 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 #   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4
 #   (mx_hfma_m{2,4}_session4.txt) moved the entries marked "session 4" in HF_M2 / HF_M4 (prefetch; 2 warps
 #   with a K split for fp4 K > N at M=4); ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
+# 2026-11-30, session 5: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`); at M=1
+#   (mx_m1*_session5.txt, two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs prefetch 13.0 / 13.0 (bf16 30.4);
+#   N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6, n8 kw256 15.2 (within noise: kept).
+#   Software-pipelined loads (`tl.range(num_stages=2..4)`, cp.async through shared memory) lost at every shape
+#   (e.g. 14.1-16.3 vs 12.3 us) and were not kept.
 # Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
 # kernels.
 DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
 HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
-HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1, every side of N - K (session 4)
+HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (session 4)
 HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
 
 
 def _m1(w_fmt: int, side: int) -> DecodeConfig:
     """The M=1 config by weight format and the sign of N - K."""
-    if w_fmt == E2M1:
-        return HF_FP4_M1
+    if w_fmt == E2M1:  # session 5: with the 11-op decode, N > K runs best without prefetch (12.3 vs 13.0 us)
+        return HF_WIDE if side > 0 else HF_FP4_M1
     return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_FP8_M1_NARROW
 
 
