@@ -80,6 +80,15 @@ def variants() -> list[tuple[str, Any, bool, tuple[int, ...]]]:
         (C(False, 1, 8, 1024, 2, cvt=2, acc3=True), False, m1),
         (C(False, 1, 4, 1024, 2, cvt=2, acc3=True), False, m1),
         (C(False, 1, 8, 1024, 4, 2, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 4, 1024, 2, cvt=2, acc3=True, evict=False), False, m1),
+        (C(False, 1, 2, 1024, 1, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 4, 1024, 1, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 4, 2048, 2, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 2, 2048, 2, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 8, 1024, 2, cvt=1, acc3=True), False, m1),
+        (C(False, 1, 4, 1024, 2, cvt=1, acc3=True), False, m1),
+        (C(False, 1, 4, 512, 1, cvt=2, acc3=True), False, m1),
+        (C(False, 1, 2, 512, 1, cvt=2, acc3=True), False, m1),
         # FMA, one row. BK <= 512 keeps a row's K slice inside one warp (32 lanes x 16 bytes), so the per-step
         # reduction is shuffles only; BK = 1024 spreads it over 2 warps (shared memory + a barrier per step)
         (C(False, 1, 16, 512, 4, cvt=2), False, m1),
