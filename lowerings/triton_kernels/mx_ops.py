@@ -93,6 +93,9 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 # 2026-11-30, session 5: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`); at M=1
 #   (mx_m1*_session5.txt, two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs prefetch 13.0 / 13.0 (bf16 30.4);
 #   N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6, n8 kw256 15.2 (within noise: kept).
+#   At M=3..4 (mx_m24_session5.txt) two programs of 2 rows each beat one of 4 where N <= K: 11.0 vs 13.1 us
+#   at 4096^2, 32.5 vs 35.6 at 14336->4096 (1.00x bf16); at N > K it tied (35.4 vs 36.2) and stayed. M=2 kept
+#   its picks (each within 0.1 us of the best of 13 shapes).
 #   Software-pipelined loads (`tl.range(num_stages=2..4)`, cp.async through shared memory) lost at every shape
 #   (e.g. 14.1-16.3 vs 12.3 us) and were not kept.
 # Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
@@ -125,9 +128,9 @@ DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_s
 HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
     (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 34.9 vs 39.2 us
     (E4M3, 1): DEC_MM_FP8,
-    (E2M1, 0): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 13.1 vs 15.3 us
+    (E2M1, 0): replace(HF_WIDE, block_m=2),  # session 5: 11.0 vs 13.1 us (block_m 4, prefetch)
     (E4M3, 0): replace(HF_SQUARE, block_m=4),
-    (E2M1, -1): replace(HF_WIDE, block_m=4, num_warps=2, split_k=2, prefetch=True),  # session 4: 37.6 vs 47.7
+    (E2M1, -1): replace(HF_WIDE, block_m=2),  # session 5: 32.5 vs 35.6 us (session 4's 2-warp split-K pick)
     (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
 _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
