@@ -79,7 +79,6 @@ def variants() -> list[tuple[str, Any, bool, tuple[int, ...]]]:
         (C(False, 1, 16, 1024, 8, cvt=2, acc3=True), False, m1),
         (C(False, 1, 8, 1024, 2, cvt=2, acc3=True), False, m1),
         (C(False, 1, 4, 1024, 2, cvt=2, acc3=True), False, m1),
-        (C(False, 1, 8, 1024, 4, 2, cvt=2, acc3=True), False, m1),
         (C(False, 1, 4, 1024, 2, cvt=2, acc3=True, evict=False), False, m1),
         (C(False, 1, 2, 1024, 1, cvt=2, acc3=True), False, m1),
         (C(False, 1, 4, 1024, 1, cvt=2, acc3=True), False, m1),

@@ -184,8 +184,8 @@ def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
 
     M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
     K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
-    narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long K, where the 2-D accumulator (one reduction
-    at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
+    narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long
+    K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
     itself was measured (acc3 won), so the switch is at K >= N rather than K >= 2N; nothing was measured
     between K = N and N = 3.5 K.
     M 2..16: the swap-AB dot kernel won every measured shape with K >= N (its 16-row tile serves any M <= 16

@@ -106,6 +106,7 @@ HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
 HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
 HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (session 4)
 HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
+HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
 
 
 def _m1(w_fmt: int, side: int) -> DecodeConfig:
@@ -116,7 +117,7 @@ def _m1(w_fmt: int, side: int) -> DecodeConfig:
 
 
 HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
-    (E2M1, 1): replace(HF_WIDE, block_m=2),
+    (E2M1, 1): HF_FP4_2ROWS,
     (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
     (E2M1, 0): replace(HF_SQUARE, block_m=2),
     (E4M3, 0): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 9.8 vs 10.8 us
@@ -128,9 +129,9 @@ DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_s
 HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
     (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 34.9 vs 39.2 us
     (E4M3, 1): DEC_MM_FP8,
-    (E2M1, 0): replace(HF_WIDE, block_m=2),  # session 5: 11.0 vs 13.1 us (block_m 4, prefetch)
+    (E2M1, 0): HF_FP4_2ROWS,  # session 5: 11.0 vs 13.1 us (block_m 4, prefetch)
     (E4M3, 0): replace(HF_SQUARE, block_m=4),
-    (E2M1, -1): replace(HF_WIDE, block_m=2),  # session 5: 32.5 vs 35.6 us (session 4's 2-warp split-K pick)
+    (E2M1, -1): HF_FP4_2ROWS,  # session 5: 32.5 vs 35.6 us (session 4's 2-warp split-K pick)
     (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
 _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
