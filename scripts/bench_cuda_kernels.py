@@ -82,7 +82,7 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
     from qlower.lowerings.triton_kernels.configs import gemv, mm
 
     if m <= 2:
-        return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=False),
+        return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=0),
                 gemv(1, 16, 1024, warps=8), gemv(1, 32, 512, warps=8), gemv(1, 16, 512, split_k=2),
                 mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 256, 4, 4, swap=True), mm(16, 64, 256, 4, 4),
                 mm(16, 64, 512, 4, 3), mm(16, 32, 512, 4, 4), mm(16, 128, 256, 4, 4)]  # fmt: skip
@@ -93,9 +93,9 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
     if m <= 16:
         return [mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 256, 4, 4, swap=True),
                 mm(16, 128, 128, 4, 4, swap=True), mm(16, 64, 128, 4, 5, swap=True),
-                mm(16, 64, 256, 4, 4, swap=True, fast=False), mm(16, 64, 256, 4, 4, swap=True, split_k=2),
+                mm(16, 64, 256, 4, 4, swap=True, fast=0), mm(16, 64, 256, 4, 4, swap=True, split_k=2),
                 mm(16, 64, 256, 4, 4), mm(16, 64, 512, 4, 3), mm(16, 32, 512, 4, 4), mm(16, 128, 256, 4, 4),
-                mm(16, 64, 256, 4, 4, fast=False)]  # fmt: skip
+                mm(16, 64, 256, 4, 4, fast=0)]  # fmt: skip
     if m <= 64:
         return [mm(64, 64, 128, 4, 4), mm(64, 128, 128, 4, 4), mm(64, 64, 256, 4, 4, swap=True),
                 mm(64, 128, 128, 4, 4, swap=True), mm(32, 64, 256, 4, 4, swap=True), mm(64, 128, 64, 4, 4)]  # fmt: skip

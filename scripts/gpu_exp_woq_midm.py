@@ -8,7 +8,7 @@ matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 13
 and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
 rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
 kernel (`woq_limbs`) at every M > 1. Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1
-(only the limb configs next to the current pick).
+(only the limb configs next to the current pick), WOQ_EXP_CVT=1 or 2 (only the inline-PTX int8 -> bf16 tiles, the first or second session-6 run).
 """
 
 from __future__ import annotations
@@ -49,7 +49,48 @@ def limb_candidates(m: int) -> list[Any]:
     return [limbs(128, 128, 128, 8, 3), limbs(128, 256, 64, 8, 3), limbs(128, 128, 64, 8, 4)]
 
 
+def ptx_cvt_candidates(m: int) -> list[Any]:
+    """Session 6: tiles with the int8 -> bf16 conversion by inline PTX (2 instructions per element, against
+    3.6-5 through fp32), each next to its fp32-magic twin (WOQ_EXP_CVT=1)."""
+    if m <= 16:
+        pairs = [(decode_dot(16, 32, 256), decode_dot(16, 32, 256, cvt=3)),
+                 (decode_dot(16, 64, 256), decode_dot(16, 64, 256, cvt=3)),
+                 (mm(16, 64, 256, 4, 4), mm(16, 64, 256, 4, 4, fast=2))]  # fmt: skip
+        return [c for p in pairs for c in p] + [
+            decode_dot(16, 64, 128, stages=5, cvt=3), decode_dot(16, 128, 128, cvt=3),
+            decode_dot(16, 32, 512, stages=3, cvt=3), mm(16, 32, 256, 4, 4, fast=2), mm(16, 128, 128, 4, 4, fast=2),
+            mm(16, 64, 128, 4, 5, fast=2), mm(16, 128, 256, 4, 3, fast=2), mm(16, 64, 512, 4, 3, fast=2),
+            mm(16, 128, 256, 8, 3, fast=2)]  # fmt: skip
+    if m <= 64:
+        return [mm(32, 64, 256, 4, 4, swap=True, fast=2), mm(64, 64, 128, 4, 4, swap=True, fast=2),
+                mm(64, 64, 128, 4, 4), mm(64, 64, 128, 4, 4, fast=2), mm(64, 128, 128, 4, 4, fast=2),
+                mm(64, 64, 256, 4, 3, fast=2), mm(32, 64, 256, 4, 4, fast=2), mm(64, 128, 64, 4, 4, fast=2)]  # fmt: skip
+    if m <= 256:
+        return [mm(64, 64, 256, 4, 4, swap=True, fast=2), mm(128, 64, 128, 4, 4, swap=True, fast=2),
+                mm(128, 64, 128, 4, 4), mm(128, 64, 128, 4, 4, fast=2), mm(64, 128, 128, 4, 4, fast=2),
+                mm(128, 128, 64, 8, 3, fast=2), mm(128, 128, 128, 8, 3, fast=2), mm(64, 64, 128, 4, 4, fast=2),
+                mm(128, 128, 64, 4, 4, fast=2)]  # fmt: skip
+    return [mm(128, 128, 64, 8, 4, fast=2), mm(128, 128, 64, 8, 3, fast=2), mm(128, 256, 64, 8, 3, fast=2),
+            mm(128, 128, 128, 8, 3, fast=2), mm(128, 128, 64, 4, 4, fast=2), mm(256, 128, 64, 8, 3, fast=2)]
+
+
+def ptx_cvt_round2(m: int) -> list[Any]:
+    """Session 6, second run (WOQ_EXP_CVT=2): around the PTX winners of the first (16-row tiles; 4 warps at
+    M >= 1024)."""
+    if m <= 16:
+        return [mm(16, 64, 256, 8, 4, fast=2), mm(16, 64, 256, 4, 3, fast=2), mm(16, 32, 256, 4, 4, fast=2),
+                mm(16, 64, 256, 4, 4, split_k=2, fast=2), mm(16, 32, 256, 4, 4, split_k=2, fast=2),
+                mm(16, 64, 128, 4, 6, fast=2), mm(16, 32, 512, 4, 3, fast=2), mm(16, 32, 256, 2, 4, fast=2),
+                mm(16, 16, 512, 4, 3, fast=2), mm(16, 32, 128, 4, 6, fast=2), mm(16, 64, 256, 4, 4, fast=2)]  # fmt: skip
+    return [mm(128, 128, 64, 4, 4, fast=2), mm(128, 128, 64, 8, 4, fast=2), mm(128, 64, 64, 4, 4, fast=2),
+            mm(128, 256, 64, 8, 3, fast=2), mm(128, 128, 64, 4, 3, fast=2), mm(64, 128, 64, 4, 4, fast=2)]
+
+
 def candidates(m: int) -> list[Any]:
+    if os.environ.get("WOQ_EXP_CVT") == "2":
+        return ptx_cvt_round2(m)
+    if os.environ.get("WOQ_EXP_CVT"):
+        return ptx_cvt_candidates(m)
     if os.environ.get("WOQ_EXP_LIMBS_ONLY"):
         return limb_candidates(m)
     return _candidates(m) + (limb_candidates(m) if m > 1 else [])
@@ -93,6 +134,7 @@ def main() -> None:
                           "128x4096x14336,256x4096x4096,256x4096x14336")  # fmt: skip
     points = [tuple(int(v) for v in p.split("x")) for p in spec.split(",")]
     results: list[dict[str, Any]] = []
+    torch._dynamo.config.recompile_limit = 64  # one static compile per point (else eager past 8 points)
     dq = torch.compile(dequant_mm, dynamic=False)
     for m, k, n in points:
         if time.time() - T0 > BUDGET_S:

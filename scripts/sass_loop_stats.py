@@ -1,7 +1,7 @@
 """Count the SASS instructions in the main loop of a qlower Triton kernel, compiled for sm_90 on a CPU machine.
 
     python -W ignore scripts/sass_loop_stats.py mx_hfma 16 128 4        # BLOCK_N BLOCK_KW warps [BLOCK_M [prefetch]]
-    python -W ignore scripts/sass_loop_stats.py qlinear_mm 64 64 256 4 4 1  # BM BN BK warps stages swap [split]
+    python -W ignore scripts/sass_loop_stats.py qlinear_mm 64 64 256 4 4 1  # BM BN BK warps stages swap [split [cvt]]
     python -W ignore scripts/sass_loop_stats.py woq_limbs 16 64 256 4 4     # BM BN BK warps stages
 
 Why: GPU time is scarce (30 min a session) and a kernel's instruction mix explains most of what a sweep shows.
@@ -59,7 +59,7 @@ def mx_hfma(
 
 
 def qlinear_mm(
-    bm: int, bn: int, bk: int, warps: int, stages: int, swap: int, split: int = 1
+    bm: int, bn: int, bk: int, warps: int, stages: int, swap: int, split: int = 1, cvt: int = 1
 ) -> tuple[Any, float]:
     """The woq-int8 tile kernel (bf16 x, int8 weight); returns (compiled, weight elements per thread per step)."""
     from qlower.lowerings.triton_kernels.kernels import qlinear_mm_kernel
@@ -68,7 +68,7 @@ def qlinear_mm(
                out_ptr="*fp32" if split > 1 else "*bf16", M="i32", N="i32", K="i32", stride_am="i32",
                stride_wn="i32", stride_om="i32")  # fmt: skip
     consts = dict(stride_ak=1, stride_wk=1, stride_ws=1, stride_xs=1, stride_b=1, stride_on=1, INT8_A=False,
-                  HAS_XS=False, HAS_BIAS=False, SWAP_AB=bool(swap), SPLIT_K=split, EVEN_K=True, FAST_CVT=True,
+                  HAS_XS=False, HAS_BIAS=False, SWAP_AB=bool(swap), SPLIT_K=split, EVEN_K=True, FAST_CVT=cvt,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)  # fmt: skip
     div = ["a_ptr", "w_ptr", "ws_ptr", "xs_ptr", "b_ptr", "out_ptr", "M", "N", "K", "stride_am", "stride_wn",
            "stride_om"]  # fmt: skip

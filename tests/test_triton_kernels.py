@@ -21,6 +21,7 @@ from woq_models import WoqLinear
 
 import qlower
 from qlower import testing
+from qlower.lowerings.triton_kernels.configs import decode_dot, mm
 from qlower.patterns import FAMILIES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -56,7 +57,7 @@ def ref(a, w, ws, xs, b):
         r = r * xs.double().reshape(-1, 1)
     return r if b is None else r + b.double()
 
-WOQ = [gemv(1, 16, 32), gemv(2, 8, 32, split_k=2), gemv(4, 16, 16, fast=False), mm(16, 16, 32, swap=True),
+WOQ = [gemv(1, 16, 32), gemv(2, 8, 32, split_k=2), gemv(4, 16, 16, fast=0), mm(16, 16, 32, swap=True),
        mm(16, 32, 16), mm(32, 16, 32, split_k=3),
        # woq_decode_kernel: cvt 2 (inline PTX) runs as cvt 1 here (ops._decode_cvt), the same kernel otherwise
        decode_fma(1, 16, 32), decode_fma(1, 8, 64, acc3=True), decode_fma(2, 16, 16), decode_dot(16, 16, 32),
@@ -159,20 +160,22 @@ def test_emits_kernel_launches_not_an_opaque_op(dynamic):
 @pytest.mark.parametrize(
     "k, n, m, kernel, flags",
     [
-        (64, 48, 10, "woq_decode_kernel", ("'USE_DOT': True", "'BLOCK_M': 16", "'BLOCK_N': 32")),
-        (64, 48, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': True", "'BLOCK_K': 1024")),
-        (48, 64, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': False", "'BLOCK_N': 16")),
-        (48, 64, 10, "qlinear_mm_kernel", ()),  # N > K at M 2..16: the old `mm` config
+        (64, 48, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': True", "'BLOCK_K': 1024", "'CVT': 1")),
+        (48, 64, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': False", "'BLOCK_N': 16", "'CVT': 1")),
+        # M 2..16: the 16-row tile, 32 columns where K >= N, 64 where N > K
+        (64, 48, 10, "qlinear_mm_kernel", ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 32", "'FAST_CVT': 1")),
+        (48, 64, 10, "qlinear_mm_kernel", ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 64", "'FAST_CVT': 1")),
     ],
 )
-def test_decode_configs_emit_decode_kernel(k, n, m, kernel, flags):
-    """Static M <= 16 picks woq_decode_kernel by the configs' rules, launched through wrap_triton (so the graph
-    holds its functional wrapper, not an opaque op); off CUDA the inline-PTX conversion becomes CVT 1."""
+def test_decode_size_configs_by_rule(k, n, m, kernel, flags):
+    """Static M <= 16 off the table takes the configs' rules, launched through wrap_triton (so the graph holds
+    the kernel's functional wrapper, not an opaque op); off CUDA the inline-PTX conversions (CVT 2, FAST_CVT 2)
+    become their Triton-ops form (1), which gives the same values."""
     gm = _lowered_cpu_graph(False, k=k, n=n, m=m)
     summary = testing.graph_summary(gm)
     assert _launches(gm) == [kernel], summary
     assert "qlower.woq_int8_linear" not in summary
-    for flag in (*flags, "'CVT': 1") if kernel == "woq_decode_kernel" else ():
+    for flag in flags:
         assert flag in summary, (flag, summary)
 
 
@@ -293,13 +296,42 @@ def test_woq_every_kernel_shape(cfg_name):
         "mm_swap": mm(16, 64, 256, 4, 4, swap=True),
         "mm": mm(64, 128, 64, 4, 3),
         "mm_splitk": mm(32, 64, 128, 4, 3, split_k=2),
-        "mm_i2f": mm(128, 128, 64, 8, 3, fast=False),
+        "mm_i2f": mm(128, 128, 64, 8, 3, fast=0),
         "limbs": limbs(16, 64, 256, 4, 4),
         "limbs_wide": limbs(128, 128, 128, 8, 3),
     }[cfg_name]
     for m in GPU_M:
         x, w, s, b, ref = _woq_inputs(m, 1000, 520, torch.bfloat16, bias=True, seed=m)
         assert _rel(ops.launch_config(cfg, x, w, s, bias=b), ref) < 1e-2, (m, cfg_name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "fp32_cfg,ptx_cfg",
+    [
+        (mm(16, 64, 256, 4, 4), mm(16, 64, 256, 4, 4, fast=2)),  # mma.sync, the weight as B
+        (mm(64, 64, 128, 4, 4, swap=True), mm(64, 64, 128, 4, 4, swap=True, fast=2)),  # wgmma, register A
+        (mm(128, 128, 64, 8, 3), mm(128, 128, 64, 8, 3, fast=2)),  # wgmma, converted B through shared memory
+        (decode_dot(16, 32, 256, cvt=2), decode_dot(16, 32, 256, cvt=3)),
+    ],
+    ids=str,
+)
+def test_ptx_int8_to_half_matches_fp32_path_bitwise(fp32_cfg, ptx_cfg, dtype):
+    """The inline-PTX int8 -> bf16/fp16 conversion is exact, so the tensor cores see the same operands as
+    through fp32: outputs must be bit-identical, for every byte value (each column of the weight walks all
+    256) and a K off the tile grid (masked tail)."""
+    from qlower.lowerings.triton_kernels import ops
+
+    m, k, n = 17, 1000, 200
+    x, _, s, b, _ = _woq_inputs(m, k, n, dtype, bias=True, seed=7)
+    w = (torch.arange(n * k, device="cuda").reshape(n, k) * 37 % 256 - 128).to(torch.int8)
+    assert w.unique().numel() == 256
+    ref = ops.launch_config(fp32_cfg, x, w, s, bias=b)
+    out = ops.launch_config(ptx_cfg, x, w, s, bias=b)
+    assert torch.equal(out, ref)
+    exact = x.double() @ (w.double() * s.double()[:, None]).t() + b.double()
+    assert _rel(out, exact) < TOL[dtype]
 
 
 @pytest.mark.gpu

@@ -28,7 +28,9 @@ class KernelConfig:
     split_k: int = 1
     group_m: int = 8
     swap_ab: bool = False
-    fast_cvt: bool = True
+    # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
+    # bf16/fp16 (2, `mm` on CUDA; 1 elsewhere, see ops._decode_cvt)
+    fast_cvt: int = 1
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
     cvt: int = 1  # "decode": int8 -> fp32 by the magic number in Triton ops (1) or inline PTX (2; CUDA only)
     acc3: bool = False  # "decode" FMA at BLOCK_M 1: a [BLOCK_N, BLOCK_K] accumulator reduced once at the end
@@ -46,12 +48,12 @@ class KernelConfig:
             tags.append("swap")
         if self.kernel == "tma":
             tags.append(f"persistent x{self.progs_per_sm}")
-        if self.kernel == "gemv" or not self.fast_cvt:
-            tags.append("fastcvt" if self.fast_cvt else "i2f")
+        if self.kernel == "gemv" or self.fast_cvt != 1:
+            tags.append({0: "i2f", 1: "fastcvt", 2: "cvt2"}[int(self.fast_cvt)])
         return " ".join(tags)
 
 
-def gemv(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, split_k: int = 1, fast: bool = True):
+def gemv(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, split_k: int = 1, fast: int = 1):
     return KernelConfig("gemv", bm, bn, bk, warps, stages, split_k, 1, False, fast)
 
 
@@ -65,7 +67,7 @@ def mm(
     split_k: int = 1,
     group_m: int = 8,
     swap: bool = False,
-    fast: bool = True,
+    fast: int = 1,
 ) -> KernelConfig:
     return KernelConfig("mm", bm, bn, bk, warps, stages, split_k, group_m, swap, fast)
 
@@ -101,6 +103,10 @@ DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
 # vs 17.81 / 17.93 us at 14336->4096 (benchmarks/h200_experiments/woq_m1_*session5.txt)
 DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
 DECODE_DOT = decode_dot(16, 32, 256)  # `dot 16x32x256 w4 s4 cvt2`
+# session 6: with int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand,
+# mma.sync) beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K
+MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
+MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -119,9 +125,12 @@ def m_bucket(m: int) -> int:
 # woq_decode_kernel variants side by side with the config this table held before, "was"; bf16 = cuBLAS bf16).
 WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
-    (4, 4096, 4096): DECODE_DOT,  # 11.16 (was mm(16, 32, 256, 4, 4, swap=True): 12.3; bf16 13.5)
-    (16, 4096, 4096): DECODE_DOT,  # 10.62 (was mm(16, 32, 256, 4, 4, swap=True): 12.1; bf16 13.5)
-    (64, 4096, 4096): mm(32, 64, 256, 4, 4, swap=True),  # 17.5 (17.4 in the M=16..256 run below)
+    # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX, session 6
+    # (gpu_exp_woq_midm.py WOQ_EXP_CVT=1, benchmarks/h200_experiments/woq_ptx_cvt_session6.json; "was": the
+    # entry before, timed in the same run)
+    (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was DECODE_DOT: 10.93; bf16 13.4)
+    (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was DECODE_DOT: 10.68; bf16 13.5)
+    (64, 4096, 4096): mm(32, 64, 256, 4, 4, fast=2),  # 16.24 (was the same tile swap-AB: 17.52; bf16 12.0)
     # M 128 / 256 (and 64 at N=14336): the 2026-11-30 session-4 run of scripts/gpu_exp_woq_midm.py, 13 configs
     # per point incl. split-K; all lose to bf16 F.linear (13.5 / 16.6 / 32.9 / 33.2 / 43.5 us), all but M=256
     # N=14336's win over dequant + mm (26.3 / 29.3 / 80.9 / 81.3 / 93.3 us)
@@ -134,18 +143,19 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # the int8-limb kernel (woq_limbs.py) won two of the 13 points of the session-4 run (gpu_exp_woq_midm.py,
     # WOQ_EXP_LIMBS_ONLY): these two; it tied at M=64 4096^2 and lost elsewhere by 6-43% (the split launch and
     # 3x the activation traffic)
-    (4, 4096, 14336): limbs(16, 64, 256, 4, 4),  # 24.2 (mm(16, 64, 128, 4, 5, swap=True): 27.2; bf16 32.5)
-    (16, 4096, 14336): mm(16, 64, 256, 4, 4),  # 21.9 (22.25 in the decode run; bf16 30.0)
+    (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
+    (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True),  # 31.5 (was the same tile unswapped: 36.6)
-    (128, 4096, 14336): limbs(128, 128, 128, 8, 3),  # 50.1 (mm(128, 64, 128, 4, 4, swap=True): 52.8-52.9)
-    (256, 4096, 14336): mm(128, 128, 64, 8, 3),  # 76.5 (77.2 in the session-4 run, still the best of 13)
-    (1024, 4096, 14336): mm(128, 128, 64, 8, 4),  # 294.9
-    (4096, 4096, 14336): mm(128, 128, 64, 8, 4),  # 1096.0
+    # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
+    (128, 4096, 14336): mm(128, 128, 128, 8, 3, fast=2),  # 48.6 (was limbs(128, 128, 128, 8, 3): 49.4; bf16 33.5)
+    (256, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 69.2 (was mm(128, 128, 64, 8, 3): 77.4; bf16 44.6)
+    (1024, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 266.1 (was mm(128, 128, 64, 8, 4): 304.2)
+    (4096, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 911.6 (was mm(128, 128, 64, 8, 4): 1032.9)
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
     # M 4 / 16, 14336->4096: split-K "sem" (last program reduces) was faster at M=4 (27.8 us) but needs a
     # persistent zeroed counter buffer, which a functional op cannot keep; no split-K here.
-    (4, 14336, 4096): DECODE_DOT,  # 30.07 (was the rule's mm(16, 64, 256, 4, 4): 43.6; bf16 31.7)
-    (16, 14336, 4096): DECODE_DOT,  # 29.14 (was the rule's mm(16, 64, 256, 4, 4): 43.3; bf16 32.3)
+    (4, 14336, 4096): MM16_NARROW_PTX,  # (M=16's winner; was DECODE_DOT: 30.07 in session 5; bf16 31.7)
+    (16, 14336, 4096): MM16_NARROW_PTX,  # 25.85 (PTX; was DECODE_DOT: 30.23; bf16 32.8)
 }
 # Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
 # 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
@@ -180,7 +190,7 @@ _DYNAMIC_LARGE_BUCKET = 1024
 
 
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
-    """Static M <= 16 off the table: woq_decode_kernel where it won in scripts/gpu_exp_woq.py (None: `mm`).
+    """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won in the sweeps (None: M > 16).
 
     M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
     K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
@@ -188,13 +198,14 @@ def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
     K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
     itself was measured (acc3 won), so the switch is at K >= N rather than K >= 2N; nothing was measured
     between K = N and N = 3.5 K.
-    M 2..16: the swap-AB dot kernel won every measured shape with K >= N (its 16-row tile serves any M <= 16
-    alike, so buckets 2 and 8 follow 4 and 16); with N > K the old `mm` configs stayed faster.
+    M 2..16: since session 6 the plain 16-row `mm` tile with the PTX conversion won every measured shape (its
+    16-row tile serves any M <= 16 alike, so buckets 2 and 8 follow 4 and 16): 32 columns where K >= N, 64
+    where N > K.
     """
     if bucket == 1:
         return DECODE_FMA_LONG_K if k >= n else DECODE_FMA_WIDE
-    if bucket <= 16 and k >= n:
-        return DECODE_DOT
+    if bucket <= 16:
+        return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
     return None
 
 
@@ -204,14 +215,14 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
-        return mm(16, 64, 256, 4, 4)
+        return MM16_WIDE_PTX
     wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
     if bucket <= 64:
         return mm(64, 64, 128, 4, 4, swap=True) if wide else mm(32, 64, 256, 4, 4, swap=True)
     if bucket <= 128:
         return mm(128, 64, 128, 4, 4, swap=True) if wide else mm(64, 64, 256, 4, 4, swap=True)
     if bucket <= 256:
-        return mm(128, 128, 64, 8, 3) if wide else mm(128, 64, 128, 4, 4, swap=True)
+        return mm(128, 128, 64, 4, 4, fast=2) if wide else mm(128, 64, 128, 4, 4, swap=True)
     return mm(128, 128, 64, 8, 4)
 
 

@@ -74,7 +74,7 @@ def _launch(
         a, w, ws1, xs1, b1, out, m, n, k,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
         INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
-        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
+        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=_decode_cvt(int(cfg.fast_cvt), a),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
     )  # fmt: skip
 
@@ -106,12 +106,17 @@ def _launch_limbs(
 
 
 def _decode_cvt(cvt: int, a: torch.Tensor) -> int:
-    """The int8 -> fp32 conversion `woq_decode_kernel` gets: inline PTX (2) only on an NVIDIA GPU outside the
+    """The int8 conversion `woq_decode_kernel` gets: inline PTX (2, 3) only on an NVIDIA GPU outside the
     interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
     which gives the same values (both are exact)."""
-    if cvt == 2 and (a.device.type != "cuda" or torch.version.hip is not None or interpreted()):
+    if cvt >= 2 and not _inline_ptx_runs(a):
         return 1
     return cvt
+
+
+def _inline_ptx_runs(a: torch.Tensor) -> bool:
+    """Inline PTX compiles only for an NVIDIA GPU outside the interpreter."""
+    return a.device.type == "cuda" and torch.version.hip is None and not interpreted()
 
 
 def _aligned(x: Any) -> bool:

@@ -19,7 +19,9 @@ last wave on 132 SMs. One kernel, `woq_decode_kernel`, covers the variants `scri
   reset by that program, so a persistent zeroed buffer stays zero; a fresh `torch.zeros` works too); 3 plain
   partial stores and a second reduce kernel.
 - CVT: int8 -> fp32 by I2F (0), by the 0x4B000080 magic in Triton ops (1), or by inline PTX (2): one xor per
-  4 bytes, one prmt per byte (byte into the low mantissa under exponent 0x4B), one fsub.
+  4 bytes, one prmt per byte (byte into the low mantissa under exponent 0x4B), one fsub. The dot path also
+  takes 3: int8 -> bf16/fp16 directly by inline PTX (two bf16 pairs per 4 bytes, 2 instructions per element);
+  the FMA path, which works in fp32, reads 3 as 2.
 
 Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K): M enters only as a kernel argument and a grid size, so
 the launcher works with a symbolic M inside a `torch.library.triton_op` (pass `wrap=wrap_triton`).
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from . import one_line
+from .kernels import _int8_to
 from .launch_args import cdiv, flat
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
@@ -60,8 +63,8 @@ _ASM_I8_F32 = tl.constexpr(
 
 @triton.jit
 def _w_f32(w, CVT: tl.constexpr):
-    """int8 -> fp32 exactly; CVT picks the instruction sequence (see the module docstring)."""
-    if CVT == 2:
+    """int8 -> fp32 exactly; CVT picks the instruction sequence (see the module docstring; 3 reads as 2)."""
+    if CVT >= 2:
         return tl.inline_asm_elementwise(
             _ASM_I8_F32, "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4
         )
@@ -74,9 +77,12 @@ def _w_f32(w, CVT: tl.constexpr):
 
 @triton.jit
 def _w_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
-    """int8 -> a dot operand dtype; CVT 1/2 go through exact fp32 (integers |v| <= 128 are exact in bf16)."""
+    """int8 -> a dot operand dtype; CVT 1/2 go through exact fp32 (integers |v| <= 128 are exact in bf16),
+    3 converts straight to bf16/fp16 by inline PTX (`kernels._int8_to`, 2 instructions per element)."""
     if CVT == 0:
         return w.to(dtype)
+    elif CVT == 3:
+        return _int8_to(w, dtype, 2)
     else:
         return _w_f32(w, CVT).to(dtype)
 
