@@ -8,7 +8,7 @@ matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 13
 and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
 rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
 kernel (`woq_limbs`) at every M > 1. Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1
-(only the limb configs next to the current pick), WOQ_EXP_CVT=1 or 2 (only the inline-PTX int8 -> bf16 tiles, the first or second session-6 run).
+(only the limb configs next to the current pick), WOQ_EXP_CVT=1, 2 or 3 (only the inline-PTX int8 -> bf16 tiles of the session-6 runs).
 """
 
 from __future__ import annotations
@@ -86,7 +86,24 @@ def ptx_cvt_round2(m: int) -> list[Any]:
             mm(128, 256, 64, 8, 3, fast=2), mm(128, 128, 64, 4, 3, fast=2), mm(64, 128, 64, 4, 4, fast=2)]
 
 
+def ptx_cvt_round3(m: int) -> list[Any]:
+    """Session 6, third run (WOQ_EXP_CVT=3): swap-AB tiles with the 2-element PTX call (fast=3), which on the
+    wgmma register operand avoids the byte packing that made fast=2 lose there."""
+    if m <= 16:
+        return [mm(16, 64, 256, 4, 4, swap=True, fast=3), mm(16, 128, 128, 4, 4, swap=True, fast=3),
+                mm(16, 64, 128, 4, 5, swap=True, fast=3), mm(16, 64, 256, 4, 4, swap=True)]  # fmt: skip
+    if m <= 64:
+        return [mm(32, 64, 256, 4, 4, swap=True, fast=3), mm(64, 64, 128, 4, 4, swap=True, fast=3),
+                mm(32, 32, 256, 4, 4, swap=True, fast=3), mm(64, 64, 256, 4, 4, swap=True, fast=3),
+                mm(64, 128, 128, 4, 4, swap=True, fast=3)]  # fmt: skip
+    return [mm(64, 64, 256, 4, 4, swap=True, fast=3), mm(128, 64, 128, 4, 4, swap=True, fast=3),
+            mm(64, 128, 128, 4, 4, swap=True, fast=3), mm(128, 128, 64, 8, 4, swap=True, fast=3),
+            mm(64, 64, 128, 4, 4, swap=True, fast=3), mm(128, 64, 64, 4, 4, swap=True, fast=3)]
+
+
 def candidates(m: int) -> list[Any]:
+    if os.environ.get("WOQ_EXP_CVT") == "3":
+        return ptx_cvt_round3(m)
     if os.environ.get("WOQ_EXP_CVT") == "2":
         return ptx_cvt_round2(m)
     if os.environ.get("WOQ_EXP_CVT"):

@@ -312,6 +312,8 @@ def test_woq_every_kernel_shape(cfg_name):
     [
         (mm(16, 64, 256, 4, 4), mm(16, 64, 256, 4, 4, fast=2)),  # mma.sync, the weight as B
         (mm(64, 64, 128, 4, 4, swap=True), mm(64, 64, 128, 4, 4, swap=True, fast=2)),  # wgmma, register A
+        (mm(64, 64, 128, 4, 4, swap=True), mm(64, 64, 128, 4, 4, swap=True, fast=3)),  # 2 per asm call
+        (mm(16, 64, 256, 4, 4), mm(16, 64, 256, 4, 4, fast=3)),
         (mm(128, 128, 64, 8, 3), mm(128, 128, 64, 8, 3, fast=2)),  # wgmma, converted B through shared memory
         (decode_dot(16, 32, 256, cvt=2), decode_dot(16, 32, 256, cvt=3)),
     ],

@@ -29,7 +29,8 @@ class KernelConfig:
     group_m: int = 8
     swap_ab: bool = False
     # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
-    # bf16/fp16 (2, `mm` on CUDA; 1 elsewhere, see ops._decode_cvt)
+    # bf16/fp16 on 4 (2) or 2 (3: swap-AB wgmma) elements per asm call (`mm` on CUDA; 1 elsewhere, see
+    # ops._decode_cvt)
     fast_cvt: int = 1
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
     cvt: int = 1  # "decode": int8 -> fp32 by the magic number in Triton ops (1) or inline PTX (2; CUDA only)
@@ -49,7 +50,7 @@ class KernelConfig:
         if self.kernel == "tma":
             tags.append(f"persistent x{self.progs_per_sm}")
         if self.kernel == "gemv" or self.fast_cvt != 1:
-            tags.append({0: "i2f", 1: "fastcvt", 2: "cvt2"}[int(self.fast_cvt)])
+            tags.append({0: "i2f", 1: "fastcvt", 2: "cvt2", 3: "cvt3"}[int(self.fast_cvt)])
         return " ".join(tags)
 
 
@@ -136,8 +137,8 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # N=14336's win over dequant + mm (26.3 / 29.3 / 80.9 / 81.3 / 93.3 us)
     (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 21.1 (the rule's 128x128x64: 53.7)
     (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True),  # 26.8 (was the same tile unswapped: 32.8)
-    (1024, 4096, 4096): mm(128, 128, 64, 8, 4),  # 77.9
-    (4096, 4096, 4096): mm(128, 128, 64, 8, 4),  # 302.3
+    (1024, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 67.7 (was mm(128, 128, 64, 8, 4): 76.7; session 6)
+    (4096, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 266.3 (was mm(128, 128, 64, 8, 4): 315.3; session 6)
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
     # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
     # the int8-limb kernel (woq_limbs.py) won two of the 13 points of the session-4 run (gpu_exp_woq_midm.py,
@@ -154,8 +155,9 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
     # M 4 / 16, 14336->4096: split-K "sem" (last program reduces) was faster at M=4 (27.8 us) but needs a
     # persistent zeroed counter buffer, which a functional op cannot keep; no split-K here.
-    (4, 14336, 4096): MM16_NARROW_PTX,  # (M=16's winner; was DECODE_DOT: 30.07 in session 5; bf16 31.7)
-    (16, 14336, 4096): MM16_NARROW_PTX,  # 25.85 (PTX; was DECODE_DOT: 30.23; bf16 32.8)
+    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics, then a cast) won the session-6 second run
+    (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
+    (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
 }
 # Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
 # 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a

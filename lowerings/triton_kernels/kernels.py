@@ -32,56 +32,59 @@ def _int8_to_f32(w, FAST_CVT: tl.constexpr):
         return w.to(tl.float32)
 
 
-# 4 int8 (one register, byte i = element i) -> 4 bf16 in two registers, exact. Each 16-bit lane gets the
-# exponent byte 0x43 above its byte (prmt): bf16 0x43 | b = 128 + (b & 0x7F) once the sign bit is masked off
-# (and), and 0x43 | (b & 0x80) = 128 + 128 * sign (lop3); their difference (one bf16x2 fma) is the int8 value.
-_ASM_I8_BF16 = tl.constexpr(
-    one_line(
-        "{\n"
-        ".reg .b32 c, p, q, a, b, m;\n"
-        "mov.b32 c, 0x43434343;\n"
-        "mov.b32 m, 0xBF80BF80;\n"
-        "prmt.b32 p, $2, c, 0x4140;\n"
-        "prmt.b32 q, $2, c, 0x4342;\n"
-        "and.b32 a, p, 0xFF7FFF7F;\n"
-        "lop3.b32 b, p, 0x00800080, 0x43004300, 0xEA;\n"
-        "fma.rn.bf16x2 $0, b, m, a;\n"
-        "and.b32 a, q, 0xFF7FFF7F;\n"
-        "lop3.b32 b, q, 0x00800080, 0x43004300, 0xEA;\n"
-        "fma.rn.bf16x2 $1, b, m, a;\n"
-        "}"
-    )
-)
-# 4 int8 -> 4 fp16, exact: fp16 0x64 | (v ^ 0x80) = 1024 + 128 + v; one xor, a prmt per pair, one f16x2 sub.
-_ASM_I8_F16 = tl.constexpr(
-    one_line(
-        "{\n"
-        ".reg .b32 t, c, p, q, m;\n"
-        "xor.b32 t, $2, 0x80808080;\n"
-        "mov.b32 c, 0x64646464;\n"
-        "mov.b32 m, 0x64806480;\n"
-        "prmt.b32 p, t, c, 0x4140;\n"
-        "prmt.b32 q, t, c, 0x4342;\n"
-        "sub.f16x2 $0, p, m;\n"
-        "sub.f16x2 $1, q, m;\n"
-        "}"
-    )
-)
+def _ptx_int8_to_bf16(pairs: int) -> str:
+    """int8 -> bf16, exact, for `pairs` bf16 pairs (1: two int8 in a 16-bit register; 2: four in a 32-bit one).
+
+    Each 16-bit lane gets the exponent byte 0x43 above its int8 byte (one prmt per pair): bf16 0x43 | b is
+    128 + (b & 0x7F) once the sign bit is masked off (and), and 0x43 | (b & 0x80) is 128 + 128 * sign (lop3);
+    their difference (one bf16x2 fma) is the int8 value. 4 instructions per pair.
+    """
+    src = "$2" if pairs == 2 else "t"
+    lines = [".reg .b32 t, c, m, p0, p1, a, b;", "mov.b32 c, 0x43434343;", "mov.b32 m, 0xBF80BF80;"]
+    lines += ["cvt.u32.u16 t, $1;"] if pairs == 1 else []
+    lines += [f"prmt.b32 p{i}, {src}, c, {0x4140 + 0x202 * i:#x};" for i in range(pairs)]  # input read first
+    for i in range(pairs):
+        lines += [
+            f"and.b32 a, p{i}, 0xFF7FFF7F;",
+            f"lop3.b32 b, p{i}, 0x00800080, 0x43004300, 0xEA;",
+            f"fma.rn.bf16x2 ${i}, b, m, a;",
+        ]
+    return one_line("{\n" + "\n".join(lines) + "\n}")
+
+
+def _ptx_int8_to_f16(pairs: int) -> str:
+    """int8 -> fp16, exact: fp16 0x64 | (b ^ 0x80) is 1024 + 128 + v; one xor, a prmt and an f16x2 sub per pair."""
+    lines = [".reg .b32 t, c, m, p;", "mov.b32 c, 0x64646464;", "mov.b32 m, 0x64806480;"]
+    lines += ["cvt.u32.u16 t, $1;", "xor.b32 t, t, 0x8080;"] if pairs == 1 else ["xor.b32 t, $2, 0x80808080;"]
+    for i in range(pairs):
+        lines += [f"prmt.b32 p, t, c, {0x4140 + 0x202 * i:#x};", f"sub.f16x2 ${i}, p, m;"]
+    return one_line("{\n" + "\n".join(lines) + "\n}")
+
+
+_ASM_I8X4_BF16 = tl.constexpr(_ptx_int8_to_bf16(2))
+_ASM_I8X2_BF16 = tl.constexpr(_ptx_int8_to_bf16(1))
+_ASM_I8X4_F16 = tl.constexpr(_ptx_int8_to_f16(2))
+_ASM_I8X2_F16 = tl.constexpr(_ptx_int8_to_f16(1))
 
 
 @triton.jit
 def _int8_to(w, dtype: tl.constexpr, FAST_CVT: tl.constexpr):
     """int8 -> `dtype` (a dot operand), exactly. FAST_CVT 1: through fp32 by the magic number (integers
-    |v| <= 128 are exact in bf16); 2: straight to bf16/fp16 by inline PTX, 2 instructions per element
-    (CUDA only; fp32 falls back to 1)."""
+    |v| <= 128 are exact in bf16); 2 / 3: straight to bf16 / fp16 by inline PTX, 2 instructions per element,
+    on 4 / 2 elements per asm call (CUDA only; fp32 takes 1). 3 suits the swap-AB wgmma, whose register
+    operand holds the weight as 2-byte pieces: 4 per call makes Triton pack bytes first."""
     if FAST_CVT == 2 and dtype == tl.bfloat16:
         return tl.inline_asm_elementwise(
-            _ASM_I8_BF16, "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4
+            _ASM_I8X4_BF16, "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4
         )
     elif FAST_CVT == 2 and dtype == tl.float16:
         return tl.inline_asm_elementwise(
-            _ASM_I8_F16, "=r,=r,r", [w], dtype=tl.float16, is_pure=True, pack=4
+            _ASM_I8X4_F16, "=r,=r,r", [w], dtype=tl.float16, is_pure=True, pack=4
         )
+    elif FAST_CVT == 3 and dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(_ASM_I8X2_BF16, "=r,h", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif FAST_CVT == 3 and dtype == tl.float16:
+        return tl.inline_asm_elementwise(_ASM_I8X2_F16, "=r,h", [w], dtype=tl.float16, is_pure=True, pack=2)
     elif FAST_CVT:
         return _int8_to_f32(w, True).to(dtype)
     else:
