@@ -21,6 +21,7 @@ from woq_models import WoqLinear
 
 import qlower
 from qlower import testing
+from qlower.lowerings.triton_kernels import configs
 from qlower.lowerings.triton_kernels.configs import decode_dot, mm
 from qlower.patterns import FAMILIES
 
@@ -185,9 +186,10 @@ def test_woq_mid_m_rule_and_crossover():
     from qlower.lowerings.triton_kernels import configs
 
     assert configs.WOQ_INT8_MAX_M == 256
-    for m, n, tile in [(100, 5120, (64, 64, 256)), (128, 11008, (128, 64, 128)), (200, 5120, (128, 64, 128))]:
+    for m, n, tile in [(100, 5120, (64, 64, 128)), (128, 11008, (128, 64, 128)), (200, 5120, (128, 64, 128))]:
         cfg = configs.woq_int8_config(m, 2048, n)
         assert (cfg.kernel, cfg.swap_ab, (cfg.block_m, cfg.block_n, cfg.block_k)) == ("mm", True, tile), cfg
+        assert cfg.fast_cvt == 3  # the 2-element PTX conversion on the swap-AB register operand
     assert not configs.woq_int8_config(256, 2048, 11008).swap_ab  # wide N at 256: the 128x128 tile won
     assert configs.woq_int8_config(128, 4096, 4096) == configs.WOQ_INT8_TABLE[(128, 4096, 4096)]
 
@@ -267,6 +269,19 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # (M, K, N) where the table picks woq_decode_kernel (inline-PTX conversion): M = 1 fma on the three model
 # shapes, M = 16 swap-AB dot on 14336->4096
 DECODE_POINTS = [(1, 4096, 4096), (1, 4096, 14336), (1, 14336, 4096), (16, 14336, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", sorted(configs.WOQ_INT8_TABLE), ids=lambda t: "x".join(map(str, t)))
+def test_woq_table_config_at_its_shape(key):
+    """Each tuned entry at the shape it was tuned for, and one row fewer (a partial row tile), against float64."""
+    from qlower.lowerings.triton_kernels import ops
+
+    bucket, k, n = key
+    cfg = configs.WOQ_INT8_TABLE[key]
+    for m in sorted({bucket, max(bucket - 1, 1)}):
+        x, w, s, b, ref = _woq_inputs(m, k, n, torch.bfloat16, bias=True, seed=m + n)
+        assert _rel(ops.launch_config(cfg, x, w, s, bias=b), ref) < 1e-2, (m, k, n, str(cfg))
 
 
 @pytest.mark.gpu

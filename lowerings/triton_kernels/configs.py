@@ -135,8 +135,9 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # M 128 / 256 (and 64 at N=14336): the 2026-11-30 session-4 run of scripts/gpu_exp_woq_midm.py, 13 configs
     # per point incl. split-K; all lose to bf16 F.linear (13.5 / 16.6 / 32.9 / 33.2 / 43.5 us), all but M=256
     # N=14336's win over dequant + mm (26.3 / 29.3 / 80.9 / 81.3 / 93.3 us)
-    (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 21.1 (the rule's 128x128x64: 53.7)
-    (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True),  # 26.8 (was the same tile unswapped: 32.8)
+    # session 6, third run: swap-AB with the 2-element PTX conversion (fast=3)
+    (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
+    (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
     (1024, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 67.7 (was mm(128, 128, 64, 8, 4): 76.7; session 6)
     (4096, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 266.3 (was mm(128, 128, 64, 8, 4): 315.3; session 6)
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
@@ -146,7 +147,7 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # 3x the activation traffic)
     (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
-    (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True),  # 31.5 (was the same tile unswapped: 36.6)
+    (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
     # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
     (128, 4096, 14336): mm(128, 128, 128, 8, 3, fast=2),  # 48.6 (was limbs(128, 128, 128, 8, 3): 49.4; bf16 33.5)
     (256, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 69.2 (was mm(128, 128, 64, 8, 3): 77.4; bf16 44.6)
@@ -219,12 +220,12 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket <= 16:
         return MM16_WIDE_PTX
     wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
-    if bucket <= 64:
-        return mm(64, 64, 128, 4, 4, swap=True) if wide else mm(32, 64, 256, 4, 4, swap=True)
+    if bucket <= 64:  # session 6: PTX conversions, 2 elements per call on the swap-AB register operand
+        return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
     if bucket <= 128:
-        return mm(128, 64, 128, 4, 4, swap=True) if wide else mm(64, 64, 256, 4, 4, swap=True)
+        return mm(128, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(64, 64, 128, 4, 4, swap=True, fast=3)
     if bucket <= 256:
-        return mm(128, 128, 64, 4, 4, fast=2) if wide else mm(128, 64, 128, 4, 4, swap=True)
+        return mm(128, 128, 64, 4, 4, fast=2) if wide else mm(128, 64, 128, 4, 4, swap=True, fast=3)
     return mm(128, 128, 64, 8, 4)
 
 
