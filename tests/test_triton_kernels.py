@@ -180,6 +180,21 @@ def test_decode_size_configs_by_rule(k, n, m, kernel, flags):
         assert flag in summary, (flag, summary)
 
 
+@needs_triton
+def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
+    """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (session 6): the launcher
+    refuses such a config with the reason, and no table entry or rule picks one."""
+    from qlower.lowerings.triton_kernels import ops
+
+    x, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+    with pytest.raises(ValueError, match="swap-AB tiles on more than 4 warps"):
+        ops.launch_config(mm(128, 128, 64, 8, 4, swap=True), x, w, torch.rand(32, dtype=torch.bfloat16))
+    picks = [*configs.WOQ_INT8_TABLE.values(), *configs.DYNAMIC_INT8_TABLE.values()]
+    picks += [f(m, k, n) for f in (configs.woq_int8_config, configs.dynamic_int8_config)
+              for m in configs.M_BUCKETS for k, n in ((4096, 4096), (4096, 14336), (2048, 5120))]  # fmt: skip
+    assert not [c for c in picks if c.swap_ab and c.num_warps > 4]
+
+
 def test_woq_mid_m_rule_and_crossover():
     """M 65..256 (AUTO's Triton range since the session-4 H200 run): swap-AB tiles off the measured shapes too,
     narrow ones at N <= 8192, and the crossover to dequant + mm right above the last measured win."""
@@ -399,8 +414,9 @@ def test_compile_calls_triton_kernel(form, m, k, n):
     if expected.startswith("triton"):
         cfg = configs.woq_int8_config(m, k, n)
         assert KERNEL_OF_KIND[cfg.kernel] in code, str(cfg)  # the table's / rule's kernel for this shape
-        if (m, k, n) in DECODE_POINTS:
-            assert cfg.kernel == "decode" and ops._decode_cvt(cfg.cvt, x) == 2  # inline PTX on the GPU
+        if (m, k, n) in DECODE_POINTS:  # inline PTX on the GPU: the fp32 decode (M = 1) or the bf16 tile
+            cvt = cfg.cvt if cfg.kernel == "decode" else cfg.fast_cvt
+            assert cvt >= 2 and ops._decode_cvt(cvt, x) == cvt, str(cfg)
     assert "torch.ops.qlower" not in code  # compiled in, not a Python fallback
     assert _rel(out, model.reference(x)) < 1e-2
 

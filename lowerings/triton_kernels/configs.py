@@ -149,7 +149,8 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
     # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
-    (128, 4096, 14336): mm(128, 128, 128, 8, 3, fast=2),  # 48.6 (was limbs(128, 128, 128, 8, 3): 49.4; bf16 33.5)
+    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (third run; mm 128x128x128 w8 s3 cvt2:
+    # 48.5; the faster 128x128x64 w8 swap, 41.7, gave wrong rows at M > 128 and is refused, see ops._launch)
     (256, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 69.2 (was mm(128, 128, 64, 8, 3): 77.4; bf16 44.6)
     (1024, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 266.1 (was mm(128, 128, 64, 8, 4): 304.2)
     (4096, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 911.6 (was mm(128, 128, 64, 8, 4): 1032.9)

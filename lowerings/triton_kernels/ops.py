@@ -68,6 +68,11 @@ def _launch(
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
+    if cfg.swap_ab and cfg.num_warps > 4:
+        raise ValueError(
+            f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}): on the H200 (Triton 3.6) "
+            "mm 128x128x64 w8 swap gave NaN or wrong rows at M > 128, N = 14336, with every int8 conversion"
+        )
     xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate, cfg.split_k, 1)
     wrap_triton(qlinear_mm_kernel)[grid](
