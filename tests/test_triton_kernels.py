@@ -181,6 +181,20 @@ def test_decode_size_configs_by_rule(k, n, m, kernel, flags):
 
 
 @needs_triton
+def test_split_k_emits_decomposed_zeros(monkeypatch):
+    """A split-K tile accumulates into a zeroed fp32 buffer; the emitted post-grad graph must hold Inductor's
+    decomposition of that allocation (aten.full), not aten.zeros, which Inductor refuses there ("both a
+    fallback and a decomp"; seen on the H200 compiling the M=16 14336->4096 split-K entry)."""
+    from qlower.lowerings.triton_kernels import configs as cfgs
+
+    monkeypatch.setitem(cfgs.WOQ_INT8_TABLE, (16, 64, 48), mm(16, 32, 32, 4, 4, split_k=2, fast=2))
+    gm = _lowered_cpu_graph(False, k=64, n=48, m=10)
+    summary = testing.graph_summary(gm)
+    assert _launches(gm) == ["qlinear_mm_kernel"] and "'SPLIT_K': 2" in summary, summary
+    assert "aten.full(" in summary and "aten.zeros" not in summary, summary
+
+
+@needs_triton
 def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (session 6): the launcher
     refuses such a config with the reason, and no table entry or rule picks one."""

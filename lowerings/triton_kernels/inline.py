@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
+from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -27,7 +28,13 @@ def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[
     if fake_mode is None:
         raise RuntimeError("qlower: no fake mode found for the inputs of a Triton lowering")
     with fake_mode:
-        sub = make_fx(dispatch_functionalize(fn, FunctionalTensorMode()), tracing_mode="real")(*fakes)
+        # Inductor's decompositions too: the post-grad graph must not hold ops it only decomposes (an
+        # `aten.zeros` there fails its lowering with "both a fallback and a decomp")
+        sub = make_fx(
+            dispatch_functionalize(fn, FunctionalTensorMode()),
+            decomposition_table=select_decomp_table(),
+            tracing_mode="real",
+        )(*fakes)
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     val_map: dict[fx.Node, Any] = dict(zip(placeholders, tensors, strict=True))
     before = set(em.graph.nodes)
