@@ -60,7 +60,7 @@ def ref(a, w, ws, xs, b):
 
 WOQ = [gemv(1, 16, 32), gemv(2, 8, 32, split_k=2), gemv(4, 16, 16, fast=0), mm(16, 16, 32, swap=True),
        mm(16, 32, 16), mm(32, 16, 32, split_k=3),
-       # woq_decode_kernel: cvt 2 (inline PTX) runs as cvt 1 here (ops._decode_cvt), the same kernel otherwise
+       # woq_decode_kernel: cvt 2 (inline PTX) runs as cvt 1 here (ops._conversion_here), the same kernel otherwise
        decode_fma(1, 16, 32), decode_fma(1, 8, 64, acc3=True), decode_fma(2, 16, 16), decode_dot(16, 16, 32),
        decode_dot(16, 32, 16, stages=1),
        # woq_limbs: x as three int8 digit planes (its row split and its int8 GEMM)
@@ -430,7 +430,7 @@ def test_compile_calls_triton_kernel(form, m, k, n):
         assert KERNEL_OF_KIND[cfg.kernel] in code, str(cfg)  # the table's / rule's kernel for this shape
         if (m, k, n) in DECODE_POINTS:  # inline PTX on the GPU: the fp32 decode (M = 1) or the bf16 tile
             cvt = cfg.cvt if cfg.kernel == "decode" else cfg.fast_cvt
-            assert cvt >= 2 and ops._decode_cvt(cvt, x) == cvt, str(cfg)
+            assert cvt >= 2 and ops._conversion_here(cvt, x) == cvt, str(cfg)
     assert "torch.ops.qlower" not in code  # compiled in, not a Python fallback
     assert _rel(out, model.reference(x)) < 1e-2
 

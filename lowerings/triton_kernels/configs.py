@@ -30,10 +30,10 @@ class KernelConfig:
     swap_ab: bool = False
     # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
     # bf16/fp16 on 4 (2) or 2 (3: swap-AB wgmma) elements per asm call (`mm` on CUDA; 1 elsewhere, see
-    # ops._decode_cvt)
+    # ops._conversion_here)
     fast_cvt: int = 1
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
-    cvt: int = 1  # "decode": int8 -> fp32 by the magic number in Triton ops (1) or inline PTX (2; CUDA only)
+    cvt: int = 1  # "decode": int8 -> fp32 by the magic number (1) or inline PTX (2); 3: the dot path to bf16
     acc3: bool = False  # "decode" FMA at BLOCK_M 1: a [BLOCK_N, BLOCK_K] accumulator reduced once at the end
 
     def __str__(self) -> str:
@@ -103,7 +103,6 @@ DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
 # (1024 programs at N = 4096) won both K >= N shapes, 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58
 # vs 17.81 / 17.93 us at 14336->4096 (benchmarks/h200_experiments/woq_m1_*session5.txt)
 DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
-DECODE_DOT = decode_dot(16, 32, 256)  # `dot 16x32x256 w4 s4 cvt2`
 # session 6: with int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand,
 # mma.sync) beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
@@ -129,13 +128,12 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX, session 6
     # (gpu_exp_woq_midm.py WOQ_EXP_CVT=1, benchmarks/h200_experiments/woq_ptx_cvt_session6.json; "was": the
     # entry before, timed in the same run)
-    (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was DECODE_DOT: 10.93; bf16 13.4)
-    (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was DECODE_DOT: 10.68; bf16 13.5)
+    (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was decode_dot(16, 32, 256): 10.93; bf16 13.4)
+    (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was decode_dot(16, 32, 256): 10.68; bf16 13.5)
     (64, 4096, 4096): mm(32, 64, 256, 4, 4, fast=2),  # 16.24 (was the same tile swap-AB: 17.52; bf16 12.0)
-    # M 128 / 256 (and 64 at N=14336): the 2026-11-30 session-4 run of scripts/gpu_exp_woq_midm.py, 13 configs
-    # per point incl. split-K; all lose to bf16 F.linear (13.5 / 16.6 / 32.9 / 33.2 / 43.5 us), all but M=256
-    # N=14336's win over dequant + mm (26.3 / 29.3 / 80.9 / 81.3 / 93.3 us)
-    # session 6, third run: swap-AB with the 2-element PTX conversion (fast=3)
+    # M 128 / 256: session 4 swept 13 configs per point incl. split-K (gpu_exp_woq_midm.py); session 6's third
+    # run moved them to swap-AB with the 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 /
+    # 16.5 us), above dequant + mm (26.5 / 28.7 us)
     (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
     (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
     (1024, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 67.7 (was mm(128, 128, 64, 8, 4): 76.7; session 6)
@@ -149,8 +147,8 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
     # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
-    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (third run; mm 128x128x128 w8 s3 cvt2:
-    # 48.5; the faster 128x128x64 w8 swap, 41.7, gave wrong rows at M > 128 and is refused, see ops._launch)
+    # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
+    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
     (256, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 69.2 (was mm(128, 128, 64, 8, 3): 77.4; bf16 44.6)
     (1024, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 266.1 (was mm(128, 128, 64, 8, 4): 304.2)
     (4096, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 911.6 (was mm(128, 128, 64, 8, 4): 1032.9)

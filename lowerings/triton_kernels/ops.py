@@ -52,7 +52,7 @@ def _launch(
             a, w, ws1, b1, out, ws1, ws1, m, n, k, k,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
             HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, REDUCE=0, SPLIT_K=1, EVEN_K=even_k,
-            CVT=_decode_cvt(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
+            CVT=_conversion_here(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
@@ -79,7 +79,7 @@ def _launch(
         a, w, ws1, xs1, b1, out, m, n, k,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
         INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
-        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=_decode_cvt(int(cfg.fast_cvt), a),
+        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
     )  # fmt: skip
 
@@ -110,9 +110,9 @@ def _launch_limbs(
     )  # fmt: skip
 
 
-def _decode_cvt(cvt: int, a: torch.Tensor) -> int:
-    """The int8 conversion `woq_decode_kernel` gets: inline PTX (2, 3) only on an NVIDIA GPU outside the
-    interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
+def _conversion_here(cvt: int, a: torch.Tensor) -> int:
+    """The int8 conversion a kernel gets (`woq_decode_kernel`'s CVT, `qlinear_mm_kernel`'s FAST_CVT): inline PTX
+    (2, 3) only on an NVIDIA GPU outside the interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
     which gives the same values (both are exact)."""
     if cvt >= 2 and not _inline_ptx_runs(a):
         return 1
