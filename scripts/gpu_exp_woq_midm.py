@@ -8,7 +8,7 @@ matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 13
 and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
 rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
 kernel (`woq_limbs`) at every M > 1. Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1
-(only the limb configs next to the current pick), WOQ_EXP_CVT=1, 2 or 3 (only the inline-PTX int8 -> bf16 tiles of the session-6 runs).
+(only the limb configs next to the current pick), WOQ_EXP_CVT=1..4 (only the inline-PTX int8 -> bf16 tiles of the session-6 runs).
 """
 
 from __future__ import annotations
@@ -101,7 +101,19 @@ def ptx_cvt_round3(m: int) -> list[Any]:
             mm(64, 64, 128, 4, 4, swap=True, fast=3), mm(128, 64, 64, 4, 4, swap=True, fast=3)]
 
 
+def ptx_cvt_round4(m: int) -> list[Any]:
+    """Session 6, fourth run (WOQ_EXP_CVT=4), M <= 16 at N > K: wide tiles read the bf16 activation tile from
+    L2 once per 128 weight rows instead of 64 (a third less L2 traffic), and a 2-way K split keeps 224
+    programs for 132 SMs."""
+    return [mm(16, 128, 256, 4, 3, split_k=2, fast=2), mm(16, 128, 128, 4, 4, split_k=2, fast=2),
+            mm(16, 128, 256, 8, 3, split_k=2, fast=2), mm(16, 128, 128, 8, 4, split_k=2, fast=2),
+            mm(16, 256, 128, 8, 3, split_k=4, fast=2), mm(16, 128, 256, 4, 3, fast=2),
+            mm(16, 64, 256, 4, 4, fast=2)]  # fmt: skip
+
+
 def candidates(m: int) -> list[Any]:
+    if os.environ.get("WOQ_EXP_CVT") == "4":
+        return ptx_cvt_round4(m)
     if os.environ.get("WOQ_EXP_CVT") == "3":
         return ptx_cvt_round3(m)
     if os.environ.get("WOQ_EXP_CVT") == "2":
