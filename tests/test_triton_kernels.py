@@ -194,6 +194,17 @@ def test_split_k_emits_decomposed_zeros(monkeypatch):
     assert "aten.full(" in summary and "aten.zeros" not in summary, summary
 
 
+def test_dynamic_m_skinny_launch_takes_the_measured_16_row_tiles():
+    """Dynamic M's skinny launch (M <= 16) cannot take a split-K or decode entry; it falls back to the 16-row PTX
+    tile measured for that side of K vs N (at 14336->4096 the 64-column tile ran 40 us, the 32-column 26)."""
+    from qlower.lowerings.triton_kernels import configs as cfgs
+
+    for k, n, width in ((14336, 4096, 32), (4096, 4096, 32), (4096, 14336, 64), (1000, 520, 32)):
+        split, small, _ = cfgs.woq_int8_dynamic_configs(k, n)
+        assert split == 16 and (small.kernel, small.block_m, small.block_n) == ("mm", 16, width), (k, n, small)
+        assert small.split_k == 1 and small.fast_cvt == 2 and not small.swap_ab
+
+
 @needs_triton
 def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (session 6): the launcher

@@ -217,7 +217,7 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
-        return MM16_WIDE_PTX
+        return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
     wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
     if bucket <= 64:  # session 6: PTX conversions, 2 elements per call on the swap-AB register operand
         return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
@@ -264,16 +264,10 @@ def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig
     return fallback if (cfg.kernel != "mm" or cfg.split_k > 1) else cfg
 
 
-# The `mm` configs the "decode" table entries replaced: dynamic M still takes them (its skinny launch).
-_WOQ_MM_BEFORE_DECODE: dict[tuple[int, int, int], KernelConfig] = {
-    (16, 4096, 4096): mm(16, 32, 256, 4, 4, swap=True),
-}
-
-
 def woq_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
     small = _no_gemv_or_split(
         woq_int8_config(DYNAMIC_M_SPLIT, k, n),
-        _WOQ_MM_BEFORE_DECODE.get((DYNAMIC_M_SPLIT, k, n)) or _woq_rule(DYNAMIC_M_SPLIT, k, n),
+        _woq_rule(DYNAMIC_M_SPLIT, k, n),
     )
     large = _no_gemv_or_split(
         woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), _woq_rule(_DYNAMIC_LARGE_BUCKET, k, n)
@@ -295,7 +289,8 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
 # 256 on 4096->4096 and 4096->14336, and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
 # F.linear there). At M=1024 it lost (77.9 vs 57.8 us on 4096->4096; the mixed-dtype tensor-core loop reaches
 # ~450 TFLOP/s, cuBLAS bf16 ~800), and at M=4096 (302 vs 195 us; 4096->14336 1096 vs 649 us). M=512 was not
-# measured, so the limit is the last measured win. dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
+# measured, so the limit is the last measured win. Session 6's PTX tiles narrowed the gap but still lose there
+# (M=1024 4096^2: 67.7 vs 57.9 us; M=4096: 266 vs 189 us). dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
 # beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
 WOQ_INT8_MAX_M: int | None = 256
 DYNAMIC_INT8_MAX_M: int | None = None
