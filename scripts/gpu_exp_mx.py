@@ -11,9 +11,9 @@ HBM). Each variant's output on weight set 0 is checked against a float64 dequant
 point, and prints the best per point with its ratio to bf16 and to the current kernel.
 
 Env: OUT; MX_EXP_FORMATS (default "mxfp4,mxfp8"); MX_EXP_MS (default "1,4,16"); MX_EXP_HFMA_SHAPES (a Python
-list of `mx_hfma` shape tuples replacing the built-in ones); MX_EXP_BUDGET_S (default 160: no new timing after that many seconds); MX_EXP_SMOKE=1 runs tiny
-shapes on CPU under TRITON_INTERPRET=1 (fp16 activations, BITS decode only, wall-clock "timing") to check
-this script's plumbing without a GPU.
+list of `mx_hfma` shape tuples replacing the built-in ones); MX_EXP_BUDGET_S (default 160: no new timing after
+that many seconds); MX_EXP_SMOKE=1 runs tiny shapes on CPU under TRITON_INTERPRET=1 (fp16 activations, BITS
+decode only, wall-clock "timing") to check this script's plumbing without a GPU.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
     python -P scripts/gpu_exp_woq_midm.py   # writes $OUT/woq_midm.json and prints a table
 
-Why: under AUTO, qlower's Triton woq kernel serves M <= 64 and the dequant + cuBLAS path above. At M=128 on
-4096->4096 that path measured 0.52x bf16 (the weight dequantized to bf16 every call costs as much as the
-matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 132 SMs; this sweep adds split-K
-and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over 8
-rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
-kernel (`woq_limbs`) at every M > 1. Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1
-(only the limb configs next to the current pick), WOQ_EXP_CVT=1..4 (only the inline-PTX int8 -> bf16 tiles of the session-6 runs).
+Why: before session 4, qlower's Triton woq kernel served M <= 64 under AUTO and the dequant + cuBLAS path above.
+At M=128 on 4096->4096 that path measured 0.52x bf16 (the weight dequantized to bf16 every call costs as much
+as the matmul). The tiled kernel's only configs at M=128..256 gave 32-64 programs on 132 SMs; this sweep adds
+split-K and narrower swap-AB tiles, and times them side by side with bf16 and the dequant + mm path, each over
+8 rotating weight sets (scripts/cuda_timing.py: CUDA-graph replay, GPU time). Session 4 adds the int8-limb
+kernel (`woq_limbs`) at every M > 1.
+
+Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1 (only the limb configs next to the
+current pick), WOQ_EXP_CVT=1..4 (only the inline-PTX int8 -> bf16 tiles of the four session-6 runs).
 """
 
 from __future__ import annotations

@@ -120,9 +120,8 @@ def m_bucket(m: int) -> int:
 
 
 # Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
-# sweep of scripts/bench_cuda_kernels.py --sweep). Key: (M bucket, K, N); comment: kernel time in us.
-# The "decode" entries (M <= 16) come from the 2026-11-30 H200 run of scripts/gpu_exp_woq.py (same setup;
-# woq_decode_kernel variants side by side with the config this table held before, "was"; bf16 = cuBLAS bf16).
+# sweeps of scripts/bench_cuda_kernels.py, gpu_exp_woq.py (the M = 1 "decode" entries) and gpu_exp_woq_midm.py).
+# Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before, timed in the same run.
 WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
     # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX, session 6
@@ -139,10 +138,7 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1024, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 67.7 (was mm(128, 128, 64, 8, 4): 76.7; session 6)
     (4096, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 266.3 (was mm(128, 128, 64, 8, 4): 315.3; session 6)
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
-    # M 4 / 16, 4096->14336: the old configs won the decode run (27.3 vs 27.9, 22.25 vs 27.3 us)
-    # the int8-limb kernel (woq_limbs.py) won two of the 13 points of the session-4 run (gpu_exp_woq_midm.py,
-    # WOQ_EXP_LIMBS_ONLY): these two; it tied at M=64 4096^2 and lost elsewhere by 6-43% (the split launch and
-    # 3x the activation traffic)
+    # M 4 / 16, 4096->14336: session 4's int8-limb kernel (woq_limbs.py) held M=4; the PTX tile beat it
     (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
@@ -153,9 +149,9 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1024, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 266.1 (was mm(128, 128, 64, 8, 4): 304.2)
     (4096, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 911.6 (was mm(128, 128, 64, 8, 4): 1032.9)
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
-    # M 4 / 16, 14336->4096: split-K "sem" (last program reduces) was faster at M=4 (27.8 us) but needs a
-    # persistent zeroed counter buffer, which a functional op cannot keep; no split-K here.
-    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics, then a cast) won the session-6 second run
+    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the session-6
+    # second run. (woq_decode's "sem" split, faster in session 5, needs a persistent zeroed counter buffer, which
+    # a functional op cannot keep.)
     (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
     (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
 }
@@ -192,14 +188,14 @@ _DYNAMIC_LARGE_BUCKET = 1024
 
 
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
-    """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won in the sweeps (None: M > 16).
+    """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won the sweeps (None: M > 16).
 
     M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
     K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
     narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long
-    K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336 there are programs enough either way. K = N
-    itself was measured (acc3 won), so the switch is at K >= N rather than K >= 2N; nothing was measured
-    between K = N and N = 3.5 K.
+    K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336
+    there are programs enough either way. K = N itself was measured (acc3 won), so the switch is at K >= N
+    rather than K >= 2N; nothing was measured between K = N and N = 3.5 K.
     M 2..16: since session 6 the plain 16-row `mm` tile with the PTX conversion won every measured shape (its
     16-row tile serves any M <= 16 alike, so buckets 2 and 8 follow 4 and 16): 32 columns where K >= N, 64
     where N > K.
@@ -207,8 +203,13 @@ def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
     if bucket == 1:
         return DECODE_FMA_LONG_K if k >= n else DECODE_FMA_WIDE
     if bucket <= 16:
-        return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
+        return _mm16_ptx(k, n)
     return None
+
+
+def _mm16_ptx(k: int, n: int) -> KernelConfig:
+    """M 2..16 (static, or dynamic M's skinny launch): 32 columns where K >= N, 64 where N > K."""
+    return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
 
 
 def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
@@ -217,7 +218,7 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
-        return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
+        return _mm16_ptx(k, n)
     wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
     if bucket <= 64:  # session 6: PTX conversions, 2 elements per call on the swap-AB register operand
         return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
@@ -243,8 +244,8 @@ def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
 
 
 def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
-    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule. Only table
-    entries name a "limbs" config, all at K = 4096 (the kernel needs K <= woq_limbs.MAX_K)."""
+    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule. No entry or
+    rule names a "limbs" config now (it stays for sweeps; the kernel needs K <= woq_limbs.MAX_K)."""
     b = m_bucket(m)
     return WOQ_INT8_TABLE.get((b, k, n)) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
 

@@ -95,7 +95,7 @@ def _launch_limbs(
     """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
     m = a.shape[0]
     n, k = w.shape
-    if k > LIMBS_MAX_K:  # only table entries at K = 4096 pick this kernel; a sweep must not pass more
+    if k > LIMBS_MAX_K:  # no table entry or rule picks this kernel now; a sweep must not pass more
         raise ValueError(f"the int8-limb kernel keeps int32 sums exact for K <= {LIMBS_MAX_K}, got K={k}")
     limbs = torch.empty((3, m, k), dtype=torch.int8, device=a.device)
     rs = torch.empty((m,), dtype=torch.float32, device=a.device)
@@ -111,17 +111,11 @@ def _launch_limbs(
 
 
 def _conversion_here(cvt: int, a: torch.Tensor) -> int:
-    """The int8 conversion a kernel gets (`woq_decode_kernel`'s CVT, `qlinear_mm_kernel`'s FAST_CVT): inline PTX
-    (2, 3) only on an NVIDIA GPU outside the interpreter; elsewhere (TRITON_INTERPRET on CPU tensors, ROCm) the magic-number form (1) in Triton ops,
-    which gives the same values (both are exact)."""
-    if cvt >= 2 and not _inline_ptx_runs(a):
-        return 1
-    return cvt
-
-
-def _inline_ptx_runs(a: torch.Tensor) -> bool:
-    """Inline PTX compiles only for an NVIDIA GPU outside the interpreter."""
-    return a.device.type == "cuda" and torch.version.hip is None and not interpreted()
+    """The int8 conversion a kernel gets (`woq_decode_kernel`'s CVT, `qlinear_mm_kernel`'s FAST_CVT): inline
+    PTX (2, 3) only on an NVIDIA GPU outside the interpreter; elsewhere (TRITON_INTERPRET on CPU tensors,
+    ROCm) the magic-number form (1) in Triton ops, which gives the same values (all are exact)."""
+    ptx_runs = a.device.type == "cuda" and torch.version.hip is None and not interpreted()
+    return cvt if cvt < 2 or ptx_runs else 1
 
 
 def _aligned(x: Any) -> bool:
