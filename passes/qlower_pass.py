@@ -56,6 +56,7 @@ class QLowerPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         report = reporting.start_graph()
+        reporting.dump_graph(graph)
         for family in self.families:
             self._lower_family(graph, family, report)
         graph.lint()

@@ -1,6 +1,8 @@
 """What qlower decided for every candidate linear of a compile, as data, a printable table and INFO logs.
 
-`QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO.
+`QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO. `QLOWER_DUMP_GRAPHS=DIR` writes every
+graph the pass receives, before any rewrite, to DIR/graph_<n>.txt (one line per node with its dtype and
+shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,32 @@ if os.environ.get("QLOWER_LOG", "") not in ("", "0") and not log.handlers:
     _handler.setFormatter(logging.Formatter("[qlower] %(message)s"))
     log.addHandler(_handler)
     log.setLevel(logging.INFO)
+
+
+def _node_line(node: Any) -> str:
+    val = node.meta.get("val")
+    desc = f"{val.dtype}{list(val.shape)} strides={list(val.stride())}" if isinstance(val, torch.Tensor) else ""
+    if node.op in ("call_function", "call_method"):
+        call = f"{getattr(node.target, '__name__', node.target)}{node.args}"
+        if node.kwargs:
+            call += f" {node.kwargs}"
+    else:
+        call = f"{node.op} {node.target}"
+    return f"{node.name} = {call} :: {desc}"
+
+
+_dump_count = iter(range(1 << 62))
+
+
+def dump_graph(graph: Any) -> None:
+    """Write `graph` to $QLOWER_DUMP_GRAPHS/graph_<n>.txt when that variable is set."""
+    out_dir = os.environ.get("QLOWER_DUMP_GRAPHS", "")
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"graph_{os.getpid()}_{next(_dump_count)}.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(_node_line(n) for n in graph.nodes) + "\n")
 
 
 @dataclass(frozen=True)

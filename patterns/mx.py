@@ -68,7 +68,16 @@ _LAYOUT_OPS = {
     aten.view.dtype,
     aten.lift_fresh_copy.default,
 }
-_DECODE_EXTRA = {aten.index_put.default, aten.index.Tensor, aten.full.default, aten.scalar_tensor.default}
+# Constants and moves: a table built on the host (`torch.tensor(list, device=...)` under dynamic shapes is
+# scalar_tensor + cat on the CPU, then prims.device_put to the GPU), or copied with .to(device).
+_DECODE_EXTRA = {
+    aten.index_put.default,
+    aten.index.Tensor,
+    aten.full.default,
+    aten.scalar_tensor.default,
+    aten._to_copy.default,
+    prims.device_put.default,
+}
 # Ops whose argument (position) is an output shape: rewritten when the probe runs on fewer rows.
 _SHAPE_ARG = {
     aten.view.default: 1,
@@ -193,8 +202,8 @@ def _evaluate(
         raise _NoShrink(f"no value for {n}")
 
     for node in nodes:
-        if bitcast_is_identity and node.target is aten.view.dtype:
-            env[node] = value(node.args[0])
+        if (bitcast_is_identity and node.target is aten.view.dtype) or node.target is prims.device_put.default:
+            env[node] = value(node.args[0])  # the probe runs on the host: a device move is the identity
             continue
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
         args = list(args)

@@ -39,6 +39,13 @@ def hand_written_forms(n: int, k: int) -> dict[str, Callable[..., torch.Tensor]]
         s = torch.exp2(e.t().float() - 127)
         return F.linear(x, (vals.view(n, k // 32, 32) * s[..., None]).view(n, k).to(x.dtype))
 
+    def fp4_table_moved(x, q, e):
+        # `torch.tensor(list, device=q.device)` under dynamic shapes on CUDA traces as a host-built table moved
+        # by prims.device_put; spelled out so a CPU trace holds the same node
+        lut = torch.ops.prims.device_put(torch.tensor(fmt.E2M1_VALUES), q.device)
+        vals = lut[torch.stack([q & 15, q >> 4], -1).view(n, k).long()]
+        return F.linear(x, (vals.view(n, k // 32, 32) * torch.exp2(e.float() - 127)[..., None]).view(n, k).to(x.dtype))
+
     def fp4_bits_bias_3d(x, q, e):  # x [B, T, K], bias
         w = fmt.dequantize(q, e, "e2m1", x.dtype)
         return F.linear(x, w, torch.ones(n, dtype=x.dtype, device=x.device))
@@ -48,6 +55,7 @@ def hand_written_forms(n: int, k: int) -> dict[str, Callable[..., torch.Tensor]]
         "pow2_fp32_matmul": pow2_fp32_matmul,
         "exp2_repeat_interleave": exp2_repeat_interleave,
         "fp4_table_scale_t": fp4_table_scale_t,
+        "fp4_table_moved": fp4_table_moved,
         "fp4_bits_bias_3d": fp4_bits_bias_3d,
     }
 

@@ -75,6 +75,12 @@ class HandWrittenForms(TestCase):
             """weight_only+e2m1+w_scale_plain_t+mm MKN=(5, 64, 48) w=arg0_1:NK w_scale=arg1_1:plain_t out=torch.bfloat16""",
         )
 
+    def test_fp4_table_moved_to_the_device(self):
+        self.assertExpectedInline(
+            find_form("fp4_table_moved"),
+            """weight_only+e2m1+w_scale_plain+mm MKN=(5, 64, 48) w=arg0_1:NK w_scale=arg1_1:plain out=torch.bfloat16""",
+        )
+
     def test_fp4_bits_bias_3d(self):
         self.assertExpectedInline(
             find_form("fp4_bits_bias_3d"),
