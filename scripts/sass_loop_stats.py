@@ -3,6 +3,7 @@
     python -W ignore scripts/sass_loop_stats.py mx_hfma 16 128 4        # BLOCK_N BLOCK_KW warps [BLOCK_M [prefetch]]
     python -W ignore scripts/sass_loop_stats.py qlinear_mm 64 64 256 4 4 1  # BM BN BK warps stages swap [split [cvt]]
     python -W ignore scripts/sass_loop_stats.py woq_limbs 16 64 256 4 4     # BM BN BK warps stages
+    python -W ignore scripts/sass_loop_stats.py mx_fp8 128 128 8 4 1 1      # BM BN warps stages chunks [scaled: 0 1 2=f32]
 
 Why: GPU time is scarce (30 min a session) and a kernel's instruction mix explains most of what a sweep shows.
 Triton compiles for a `GPUTarget("cuda", 90, 32)` without a GPU, and its wheel ships `ptxas` and `nvdisasm`,
@@ -89,12 +90,37 @@ def woq_limbs(bm: int, bn: int, bk: int, warps: int, stages: int) -> tuple[Any, 
     return k, bn * bk / (32 * warps)
 
 
+def mx_fp8(bm: int, bn: int, warps: int, stages: int, chunks: int, scaled: int = 1) -> tuple[Any, float]:
+    """The Hopper MXFP8 GEMM (one fp8 MMA per 32-wide K block); returns (compiled, outputs per thread).
+
+    scaled: 0 none (plain fp8 GEMM), 1 e8m0 codes with weight scales [N, K/32], 2 fp32 scales with weight
+    scales stored [K/32, N], 3 codes stored [K/32, N].
+    """
+    from gpu_exp_mxfp8_mm import mx_fp8_mm_tma_kernel
+
+    s_ty = "*fp32" if scaled == 2 else "*u8"
+    sig = dict(a_ptr="*u8", as_ptr=s_ty, w_ptr="*u8", ws_ptr=s_ty, bias_ptr="*bf16", out_ptr="*bf16", M="i32",
+               N="i32", K="i32", stride_am="i32", stride_asm="i32", stride_wn="i32", stride_om="i32")  # fmt: skip
+    kn = scaled in (2, 3)
+    sig["stride_wsk" if kn else "stride_wsn"] = "i32"
+    consts = dict(stride_ask=1, A_E5M2=False, W_E5M2=False, HAS_BIAS=False, SCALED=bool(scaled),
+                  SCALES_F32=scaled == 2, BLOCK_M=bm, BLOCK_N=bn, CHUNKS=chunks, GROUP_M=8, FLATTEN=False)  # fmt: skip
+    consts["stride_wsn" if kn else "stride_wsk"] = 1
+    div = [n for n in sig if n not in ("stride_ask",)]
+    k = _compile(mx_fp8_mm_tma_kernel, sig, consts, div, warps, stages)
+    return k, bm * bn * chunks / (32 * warps)
+
+
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def loop_ops(sass: str) -> collections.Counter[str]:
-    """Opcode counts (without modifiers) between the label and the branch of the longest backward jump."""
+def loop_ops(sass: str, innermost_mma: bool = False) -> collections.Counter[str]:
+    """Opcode counts (without modifiers) between the label and the branch of the longest backward jump.
+
+    innermost_mma: the shortest backward jump whose body holds a wgmma instead (a persistent kernel's K loop
+    inside its tile loop).
+    """
     lines = sass.splitlines()
     best: tuple[int, int] | None = None
     for end, line in enumerate(lines):
@@ -102,7 +128,12 @@ def loop_ops(sass: str) -> collections.Counter[str]:
         if not m:
             continue
         starts = [i for i, ln in enumerate(lines[:end]) if ln.strip().startswith(m.group(1) + ":")]
-        if starts and (best is None or end - starts[0] > best[1] - best[0]):
+        if not starts:
+            continue
+        if innermost_mma:
+            if "GMMA" in "".join(lines[starts[0] : end]) and (best is None or end - starts[0] < best[1] - best[0]):
+                best = (starts[0], end)
+        elif best is None or end - starts[0] > best[1] - best[0]:
             best = (starts[0], end)
     ops: collections.Counter[str] = collections.Counter()
     for line in lines[best[0] : best[1] + 1] if best else []:
@@ -114,7 +145,7 @@ def loop_ops(sass: str) -> collections.Counter[str]:
 
 def main() -> None:
     kind, args = sys.argv[1], [int(a) for a in sys.argv[2:]]
-    compiled, per_thread = {"mx_hfma": mx_hfma, "qlinear_mm": qlinear_mm, "woq_limbs": woq_limbs}[kind](*args)
+    compiled, per_thread = {"mx_hfma": mx_hfma, "qlinear_mm": qlinear_mm, "woq_limbs": woq_limbs, "mx_fp8": mx_fp8}[kind](*args)
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"qlower_{kind}_{'_'.join(map(str, args))}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     sass = subprocess.run(
@@ -124,10 +155,10 @@ def main() -> None:
         [_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True
     ).stdout
     regs = re.search(r"REG:(\d+)", res)
-    ops = loop_ops(sass)
+    ops = loop_ops(sass, innermost_mma=kind == "mx_fp8")
     total = sum(ops.values())
     integer = ops["LOP3"] + ops["SHF"] + ops["IMAD"] + ops["PRMT"] + ops["IADD3"] + ops["VIADD"]
-    unit = "word" if kind == "mx_hfma" else "weight element"
+    unit = {"mx_hfma": "word", "mx_fp8": "output per K block"}.get(kind, "weight element")
     print(f"{kind} {args}: loop {total} instructions per thread = {total / per_thread:.1f} per {unit}; "
           f"integer {integer / per_thread:.1f}/{unit}; BAR {ops['BAR']} LDS {ops['LDS']} "
           f"STS {ops['STS'] + ops['STSM']} SHFL {ops['SHFL']} LDG {ops['LDG']}; registers {regs.group(1) if regs else '?'}")  # fmt: skip
