@@ -113,6 +113,19 @@ def test_qlower_log_env_prints_decisions():
     assert "[qlower] woq_int8 cpu" in proc.stderr
 
 
+def test_dump_graphs_env_writes_the_graph_before_the_rewrite(tmp_path, monkeypatch):
+    monkeypatch.setenv("QLOWER_DUMP_GRAPHS", str(tmp_path))
+    gm = trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(2, 64, dtype=BF16))
+    assert apply_pass(gm).entries[0].lowered
+    (dump,) = tmp_path.iterdir()
+    text = dump.read_text()
+    assert "torch.int8[32, 64]" in text  # the int8 weight placeholder, with its dtype and shape
+    assert "mm.default(" in text and "_weight_int8pack_mm" not in text  # as received, not as rewritten
+    monkeypatch.delenv("QLOWER_DUMP_GRAPHS")
+    apply_pass(trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(2, 64, dtype=BF16)))
+    assert len(list(tmp_path.iterdir())) == 1
+
+
 def test_families_option():
     gm = trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(1, 64, dtype=BF16))
     assert len(apply_pass(gm, families=())) == 0
