@@ -68,8 +68,8 @@ _LAYOUT_OPS = {
     aten.view.dtype,
     aten.lift_fresh_copy.default,
 }
-# Constants and moves: a table built on the host (`torch.tensor(list, device=...)` under dynamic shapes is
-# scalar_tensor + cat on the CPU, then prims.device_put to the GPU), or copied with .to(device).
+# Constants and moves: a table built on the host and moved to the data's device (`torch.tensor(list,
+# device=...)` traces under dynamic shapes as scalar_tensor + cat, then prims.device_put), or .to(device).
 _DECODE_EXTRA = {
     aten.index_put.default,
     aten.index.Tensor,
