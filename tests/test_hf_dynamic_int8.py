@@ -1,4 +1,4 @@
-"""Real model code: an HF transformers Llama decoder (random init from a tiny config) quantized by torchao
+"""Real model code: HF transformers decoders (Llama, Qwen2, Phi-3; random init from tiny configs) quantized by torchao
 Int8DynamicActivationInt8WeightConfig. Every linear must be lowered to an int8 matmul and the logits must stay
 as close to the unquantized model as eager torchao's are."""
 
@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from hf_models import tiny_llama
+from hf_models import ARCHS, tiny_decoder
 
 import qlower
 
@@ -17,8 +17,9 @@ torchao_quant = pytest.importorskip("torchao.quantization")
 
 
 @pytest.mark.slow
-def test_torchao_int8_dynamic_llama_every_linear_lowered():
-    model = tiny_llama(torch.bfloat16)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_torchao_int8_dynamic_every_linear_lowered(arch):
+    model = tiny_decoder(arch, torch.bfloat16)
     float_model = copy.deepcopy(model)
     n_linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     torchao_quant.quantize_(model, torchao_quant.Int8DynamicActivationInt8WeightConfig())

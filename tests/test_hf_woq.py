@@ -1,11 +1,11 @@
-"""Real model code: an HF transformers Llama decoder (random init from a tiny config) quantized by torchao
+"""Real model code: HF transformers decoders (Llama, Qwen2, Phi-3; random init from tiny configs) quantized by torchao
 Int8WeightOnlyConfig. Every linear must be lowered and the logits must stay close to eager."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import tiny_llama
+from hf_models import ARCHS, tiny_decoder
 
 import qlower
 
@@ -14,8 +14,9 @@ torchao_quant = pytest.importorskip("torchao.quantization")
 
 
 @pytest.mark.slow
-def test_torchao_int8_weight_only_llama_every_linear_lowered():
-    model = tiny_llama(torch.bfloat16)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_torchao_int8_weight_only_every_linear_lowered(arch):
+    model = tiny_decoder(arch, torch.bfloat16)
     n_linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     torchao_quant.quantize_(model, torchao_quant.Int8WeightOnlyConfig())
     ids = torch.randint(0, 256, (1, 8))  # M = 8 tokens: the packed kernel's range (PACKED_MAX_M)
