@@ -22,6 +22,7 @@ from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
 from . import report as reporting
+from .canonicalize import einsum_to_mm
 
 # Environment variables that change which lowering is chosen or how it is emitted.
 DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS", "QLOWER_CPU_PREPACK_CACHE")
@@ -57,6 +58,7 @@ class QLowerPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         report = reporting.start_graph()
         reporting.dump_graph(graph)
+        einsum_to_mm(graph)  # einsum-written linears reach the recognizers as the mm they are
         for family in self.families:
             self._lower_family(graph, family, report)
         graph.lint()

@@ -1,0 +1,163 @@
+"""Graph canonicalization before matching: a linear written with `torch.einsum` becomes the `mm` it is.
+
+Why: `torch.einsum("mk,nk->mn", x, w)` (or "bsk,nk->bsn") reaches the joint graph as a `bmm` with batch 1
+between chains of unsqueeze / permute / view, and its output goes through another such chain. Every family's
+recognizer starts from `mm` / `addmm` (`graph_utils.matmul_site`), so the quantized weight behind an einsum
+was never seen. This rewrite turns such a `bmm` into `mm(x2d, w)` with plain views around it, which is the
+same arithmetic (one 2-D product, batch 1) and the form the recognizers know; it only touches a `bmm` whose
+second operand is computed in the graph (a dequantized weight), never one between two graph inputs.
+
+Layout chains are followed through view / reshape / unsqueeze / squeeze and permutes. A chain is a pure
+reshape when no permute reorders dimensions of size other than 1; the weight side may also swap its two
+non-unit dimensions (the `nk` spelling: w transposed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import fx
+
+from qlower.lowerings.emit import Emitter
+from qlower.patterns.graph_utils import aten, has_single_user, is_call, known_eq, tensor_val
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_UNIT_DIM_OPS = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+_PERMUTES = (aten.permute.default, aten.t.default, aten.transpose.int)
+_LAYOUT = _VIEWS + _UNIT_DIM_OPS + _PERMUTES
+
+
+def _shape(node: Any) -> list[Any] | None:
+    v = tensor_val(node)
+    return list(v.shape) if v is not None else None
+
+
+def _nonunit(shape: list[Any]) -> list[int]:
+    """Positions of the dimensions not statically of size 1."""
+    return [i for i, s in enumerate(shape) if not known_eq(s, 1)]
+
+
+def _perm_of(node: fx.Node, rank: int) -> list[int]:
+    if node.target is aten.permute.default:
+        return [d % rank for d in node.args[1]]
+    if node.target is aten.t.default:
+        return [1, 0][:rank]
+    d0, d1 = (d % rank for d in node.args[1:3])
+    perm = list(range(rank))
+    perm[d0], perm[d1] = d1, d0
+    return perm
+
+
+def _labels_after(node: fx.Node, labels: list[int] | None) -> list[int] | None | bool:
+    """How `node` maps its input's non-unit dimensions (labels, in order) to its output's.
+
+    Returns the output's labels; None for "a pure reshape whose dimensions no longer match one to one"
+    (only allowed while the order is still the identity); False when the op breaks the chain.
+    """
+    src, out = _shape(node.args[0]), _shape(node)
+    if src is None or out is None:
+        return False
+    if node.target in _PERMUTES:
+        perm = _perm_of(node, len(src))
+        order = [perm[j] for j in _nonunit(out)]  # input positions of the output's non-unit dimensions
+        positions = _nonunit(src)
+        if sorted(order) != positions:
+            return False
+        if labels is None:
+            return None if order == positions else False
+        return [labels[positions.index(p)] for p in order]
+    # view / reshape / unsqueeze / squeeze keep the element order: the labels survive if the non-unit sizes do
+    before, after = [src[i] for i in _nonunit(src)], [out[i] for i in _nonunit(out)]
+    same = len(before) == len(after) and all(known_eq(a, b) for a, b in zip(before, after, strict=True))
+    if labels is not None and same:
+        return labels
+    if labels is None or labels == sorted(labels):
+        return None
+    return False
+
+
+def _trace(operand: fx.Node) -> tuple[fx.Node, str] | None:
+    """(source, "reshape" | "transpose") when `operand` is the source reshaped, or its 2-D transpose reshaped."""
+    chain: list[fx.Node] = []
+    cur = operand
+    while isinstance(cur, fx.Node) and is_call(cur, _LAYOUT):
+        chain.append(cur)
+        cur = cur.args[0]
+    src_shape = _shape(cur)
+    if not isinstance(cur, fx.Node) or src_shape is None:
+        return None
+    labels: list[int] | None = list(range(len(_nonunit(src_shape))))
+    for node in reversed(chain):
+        nxt = _labels_after(node, labels)
+        if nxt is False:
+            return None
+        labels = nxt  # type: ignore[assignment]
+    if labels is None or labels == sorted(labels):
+        return cur, "reshape"
+    return (cur, "transpose") if labels == [1, 0] else None
+
+
+def _pure_reshape_end(start: fx.Node) -> fx.Node:
+    """The last node of the single-user pure-reshape layout chain after `start` (start itself if none)."""
+    end, labels = start, None
+    while has_single_user(end):
+        user = next(iter(end.users))
+        if not is_call(user, _LAYOUT) or user.args[0] is not end:
+            break
+        nxt = _labels_after(user, labels)
+        if nxt is False:
+            break
+        labels, end = nxt, user  # type: ignore[assignment]
+    return end
+
+
+def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
+    a, b = bmm.args[:2]
+    av, bv = _shape(a), _shape(b)
+    if av is None or bv is None or len(av) != 3 or not known_eq(av[0], 1) or not known_eq(bv[0], 1):
+        return False
+    if not (is_call(a, _VIEWS) and len(a.args[1]) == 3):
+        return False  # the activation's [1, M, K] shape arguments are reused for x's 2-D view
+    ta, tb = _trace(a), _trace(b)
+    if ta is None or tb is None or ta[1] != "reshape" or tb[0].op != "call_function":
+        return False
+    w_src, w_kind = tb
+    ws = _shape(w_src)
+    if ws is None or len(ws) != 2:
+        return False
+    m, k, n = av[1], av[2], bv[2]
+    wanted = [n, k] if w_kind == "transpose" else [k, n]
+    if not all(known_eq(s, t) for s, t in zip(ws, wanted, strict=True)):
+        return False
+    end = _pure_reshape_end(bmm)
+    em = Emitter(graph, bmm)
+    x_src = ta[0]
+    xs = _shape(x_src)
+    x2d = x_src if xs is not None and len(xs) == 2 and known_eq(xs[0], m) and known_eq(xs[1], k) else None
+    if x2d is None:
+        x2d = em.call(aten.view.default, x_src, list(a.args[1])[1:])
+    w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
+    mm = em.call(aten.mm.default, x2d, w2d)
+    es = _shape(end)
+    if es is not None and len(es) == 2 and known_eq(es[0], m) and known_eq(es[1], n):
+        new_end = mm
+    elif end is not bmm and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
+        new_end = Emitter(graph, end).call(aten.view.default, mm, list(end.args[1]))
+    else:
+        new_end = em.call(aten.view.default, mm, [1, *list(a.args[1])[1:2], n])
+    for node in (x2d, w2d, mm, new_end):
+        if isinstance(node, fx.Node):
+            node.meta.pop("qlower", None)  # not qlower's lowering: the recognizers must see these nodes
+    end.replace_all_uses_with(new_end)
+    return True
+
+
+def einsum_to_mm(graph: fx.Graph) -> int:
+    """Rewrite every batch-1 `bmm` of a (reshaped) activation and an in-graph weight as `mm`; returns how many."""
+    done = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.bmm.default and _batch1_bmm(graph, node):
+            done += 1
+    if done:
+        graph.eliminate_dead_code()
+    return done

@@ -1,0 +1,94 @@
+"""Linears written with `torch.einsum` reach the recognizers as `mm` (passes/canonicalize.py).
+
+Traced graphs as qlower's pass receives them: the batch-1 `bmm` becomes `mm` with views around it, the
+quantized linear behind it is lowered like its F.linear spelling, and a float einsum is left untouched.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import TestCase
+
+import qlower
+from qlower.passes.canonicalize import einsum_to_mm
+from qlower.patterns import mx_format as fmt
+from qlower.testing import apply_pass, graph_summary, trace_for_inductor
+
+BF16 = torch.bfloat16
+N, K = 48, 64
+
+
+def _woq_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    return w, (torch.rand(N, generator=g) * 0.02 + 0.005).to(BF16)
+
+
+W, S = _woq_weights()
+FORMS = {
+    "mk,nk": (lambda x: torch.einsum("mk,nk->mn", x, W.to(BF16)) * S, (6, K)),
+    "bsk,nk": (lambda x: torch.einsum("bsk,nk->bsn", x, W.to(BF16)) * S, (2, 3, K)),
+    "bsk,kn": (lambda x: torch.einsum("bsk,kn->bsn", x, W.t().to(BF16)) * S, (2, 3, K)),
+    "...k,nk scale first": (lambda x: torch.einsum("...k,nk->...n", x, W.to(BF16) * S[:, None]), (2, 3, K)),
+}
+
+
+def _reference(x: torch.Tensor) -> torch.Tensor:
+    return (x.double().reshape(-1, K) @ (W.double() * S.double()[:, None]).t()).reshape(*x.shape[:-1], N)
+
+
+class EinsumGraph(TestCase):
+    def test_rewritten_graph(self):
+        f, shape = FORMS["bsk,nk"]
+        gm = trace_for_inductor(f, torch.randn(*shape, dtype=BF16))
+        assert einsum_to_mm(gm.graph) == 1
+        self.assertExpectedInline(
+            graph_summary(gm),
+            """\
+convert_element_type: bfloat16[48, 64] = prims.convert_element_type(arg0_1, bfloat16)
+view_default: bfloat16[6, 64] = aten.view(arg1_1, [6, 64])
+permute_default: bfloat16[64, 48] = aten.permute(convert_element_type, [1, 0])
+mm_default: bfloat16[6, 48] = aten.mm(view_default, permute_default)
+view_default_1: bfloat16[2, 3, 48] = aten.view(mm_default, [2, 3, 48])
+mul: bfloat16[2, 3, 48] = aten.mul.Tensor(view_default_1, arg2_1)""",
+        )
+
+    def test_float_einsum_is_left_alone(self):
+        w = torch.randn(N, K, dtype=BF16)
+        gm = trace_for_inductor(lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.randn(6, K, dtype=BF16), w)
+        assert einsum_to_mm(gm.graph) == 0
+        assert any(n.target is torch.ops.aten.bmm.default for n in gm.graph.nodes)
+
+    def test_true_batched_einsum_is_left_alone(self):
+        f = lambda x: torch.einsum("bmk,bnk->bmn", x, W.to(BF16).expand(2, N, K))  # noqa: E731
+        gm = trace_for_inductor(f, torch.randn(2, 5, K, dtype=BF16))
+        assert einsum_to_mm(gm.graph) == 0
+
+
+@pytest.mark.parametrize("name", list(FORMS))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_woq_einsum_lowered_and_matches_float64(name, dynamic):
+    f, shape = FORMS[name]
+    x = torch.randn(*shape, dtype=BF16, generator=torch.Generator().manual_seed(1))
+    report = apply_pass(trace_for_inductor(f, x, dynamic=dynamic))
+    (d,) = report.entries
+    assert d.family == "woq_int8" and d.lowered, report.table()
+    torch._dynamo.reset()
+    out = torch.compile(f, options=qlower.inductor_options(), dynamic=dynamic)(x).double()
+    ref = _reference(x)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_mx_einsum_lowered_and_matches_float64():
+    q, e = fmt.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * K**-0.5, "e4m3")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("mk,nk->mn", x, fmt.dequantize(q, e, "e4m3", BF16))
+
+    x = torch.randn(6, K, dtype=BF16, generator=torch.Generator().manual_seed(3))
+    out = torch.compile(f, options=qlower.inductor_options())(x).double()
+    (d,) = qlower.last_report().entries
+    assert d.family == "mx" and d.lowered, qlower.last_report().table()
+    ref = x.double() @ fmt.dequantize_f64(q, e, "e4m3").t()
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
