@@ -46,6 +46,10 @@ def hand_written_forms(n: int, k: int) -> dict[str, Callable[..., torch.Tensor]]
         vals = lut[torch.stack([q & 15, q >> 4], -1).view(n, k).long()]
         return F.linear(x, (vals.view(n, k // 32, 32) * torch.exp2(e.float() - 127)[..., None]).view(n, k).to(x.dtype))
 
+    def e8m0_einsum(x, q, e):  # e: float8_e8m0fnu; the product written with torch.einsum
+        w = (q.float().view(n, k // 32, 32) * e.float().unsqueeze(-1)).view(n, k).to(x.dtype)
+        return torch.einsum("...k,nk->...n", x, w)
+
     def fp4_bits_bias_3d(x, q, e):  # x [B, T, K], bias
         w = fmt.dequantize(q, e, "e2m1", x.dtype)
         return F.linear(x, w, torch.ones(n, dtype=x.dtype, device=x.device))
@@ -56,6 +60,7 @@ def hand_written_forms(n: int, k: int) -> dict[str, Callable[..., torch.Tensor]]
         "exp2_repeat_interleave": exp2_repeat_interleave,
         "fp4_table_scale_t": fp4_table_scale_t,
         "fp4_table_moved": fp4_table_moved,
+        "e8m0_einsum": e8m0_einsum,
         "fp4_bits_bias_3d": fp4_bits_bias_3d,
     }
 
@@ -67,7 +72,7 @@ def form_inputs(name: str, n: int, k: int, m: int = 5, seed: int = 0) -> tuple[t
     w = torch.randn(n, k, generator=g) * k**-0.5
     elem = "e2m1" if name.startswith("fp4") else "e4m3"
     q, e = fmt.quantize(w, elem)
-    if name == "e8m0_float":
+    if name in ("e8m0_float", "e8m0_einsum"):
         e = e.view(torch.float8_e8m0fnu)
     if name == "fp4_table_scale_t":
         e = e.t().contiguous()

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from expecttest import TestCase
 
+from qlower.passes.canonicalize import einsum_to_mm
 from qlower.patterns import mx
 from qlower.patterns.mx_format import E2M1_VALUES
 from qlower.patterns.record import Rejection
@@ -47,7 +48,9 @@ def summary(cands) -> str:
 
 def find_form(name: str) -> str:
     f = mm.hand_written_forms(N, K)[name]
-    return summary(mx.find(mm.trace(f, *mm.form_inputs(name, N, K)).graph))
+    graph = mm.trace(f, *mm.form_inputs(name, N, K)).graph
+    einsum_to_mm(graph)  # as the pass does before matching
+    return summary(mx.find(graph))
 
 
 class HandWrittenForms(TestCase):
@@ -79,6 +82,12 @@ class HandWrittenForms(TestCase):
         self.assertExpectedInline(
             find_form("fp4_table_moved"),
             """weight_only+e2m1+w_scale_plain+mm MKN=(5, 64, 48) w=arg0_1:NK w_scale=arg1_1:plain out=torch.bfloat16""",
+        )
+
+    def test_e8m0_einsum(self):
+        self.assertExpectedInline(
+            find_form("e8m0_einsum"),
+            """weight_only+e4m3+w_scale_plain+mm MKN=(5, 64, 48) w=arg0_1:NK w_scale=arg1_1:plain out=torch.bfloat16""",
         )
 
     def test_fp4_bits_bias_3d(self):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMS = ("gpt_fast", "scale_first", "scale_n1", "kn_weight", "unscaled")
+FORMS = ("gpt_fast", "scale_first", "scale_n1", "kn_weight", "unscaled", "einsum")
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -49,6 +49,8 @@ class WoqLinear(nn.Module):
             y = torch.matmul(x, w.to(x.dtype)) * s
         elif f == "unscaled":
             y = F.linear(x, w.to(x.dtype))
+        elif f == "einsum":
+            y = torch.einsum("...k,nk->...n", x, w.to(x.dtype)) * s
         else:
             raise ValueError(f)
         return y if self.b is None else y + self.b
