@@ -19,7 +19,7 @@ from typing import Any
 from torch import fx
 
 from qlower.lowerings.emit import Emitter
-from qlower.patterns.graph_utils import aten, has_single_user, is_call, known_eq, tensor_val
+from qlower.patterns.graph_utils import aten, is_call, known_eq, tensor_val
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _UNIT_DIM_OPS = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -97,18 +97,37 @@ def _trace(operand: fx.Node) -> tuple[fx.Node, str] | None:
     return (cur, "transpose") if labels == [1, 0] else None
 
 
-def _pure_reshape_end(start: fx.Node) -> fx.Node:
-    """The last node of the single-user pure-reshape layout chain after `start` (start itself if none)."""
-    end, labels = start, None
-    while has_single_user(end):
-        user = next(iter(end.users))
+def _tensor_users(node: fx.Node) -> list[fx.Node]:
+    """Users other than `sym_size` reads (export keeps a chain node's size as such a node)."""
+    return [u for u in node.users if u.target is not aten.sym_size.int]
+
+
+def _pure_reshape_end(start: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The last node of the pure-reshape layout chain after `start` whose nodes have one tensor user each, and
+    the chain (start first)."""
+    end, labels, chain = start, None, [start]
+    while len(_tensor_users(end)) == 1:
+        (user,) = _tensor_users(end)
         if not is_call(user, _LAYOUT) or user.args[0] is not end:
             break
         nxt = _labels_after(user, labels)
         if nxt is False:
             break
         labels, end = nxt, user  # type: ignore[assignment]
-    return end
+        chain.append(end)
+    return end, chain
+
+
+def _redirect_size_reads(em: Emitter, chain: list[fx.Node], mm: fx.Node) -> None:
+    """Point `sym_size` reads of the replaced chain at the equal dimension of `mm`, so the chain can die."""
+    sizes = _shape(mm) or []
+    for node in chain:
+        for user in [u for u in node.users if u.target is aten.sym_size.int]:
+            dims = [d for d, s in enumerate(sizes) if known_eq(s, user.meta.get("val"))]
+            if dims:
+                new = em.call(aten.sym_size.int, mm, dims[0])
+                new.meta.pop("qlower", None)
+                user.replace_all_uses_with(new)
 
 
 def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
@@ -129,7 +148,7 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     wanted = [n, k] if w_kind == "transpose" else [k, n]
     if not all(known_eq(s, t) for s, t in zip(ws, wanted, strict=True)):
         return False
-    end = _pure_reshape_end(bmm)
+    end, chain = _pure_reshape_end(bmm)
     em = Emitter(graph, bmm)
     x_src = ta[0]
     xs = _shape(x_src)
@@ -149,6 +168,7 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
         if isinstance(node, fx.Node):
             node.meta.pop("qlower", None)  # not qlower's lowering: the recognizers must see these nodes
     end.replace_all_uses_with(new_end)
+    _redirect_size_reads(em, chain, mm)
     return True
 
 

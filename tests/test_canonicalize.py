@@ -92,3 +92,31 @@ def test_mx_einsum_lowered_and_matches_float64():
     assert d.family == "mx" and d.lowered, qlower.last_report().table()
     ref = x.double() @ fmt.dequantize_f64(q, e, "e4m3").t()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_einsum_exported_with_a_dynamic_batch(tmp_path):
+    """torch.export keeps chain sizes as `sym_size` reads of the chain's nodes: they move to the new `mm`, so the
+    chain dies and the output scale joins the record (it stayed outside before)."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", W)
+            self.register_buffer("s", S)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("bk,nk->bn", x, self.w.to(x.dtype)) * self.s
+
+    model = Model()
+    x = torch.randn(8, K, dtype=BF16)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    path = torch._inductor.aoti_compile_and_package(
+        ep, package_path=str(tmp_path / "einsum.pt2"), inductor_configs=qlower.inductor_options()
+    )
+    (d,) = qlower.last_report().entries
+    assert d.lowered and d.form == "mm+output_scale", qlower.last_report().table()
+    runner = torch._inductor.aoti_load_package(path)
+    for m in (1, 13):
+        x = torch.randn(m, K, dtype=BF16, generator=torch.Generator().manual_seed(m))
+        ref = _reference(x)
+        assert ((runner(x).double() - ref).norm() / ref.norm()).item() < 1e-2
