@@ -6,6 +6,8 @@ Phi-3 (fused qkv and gate_up projections, so N differs from the hidden size).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 ARCHS = ("llama", "qwen2", "phi3")
@@ -33,3 +35,32 @@ def tiny_decoder(arch: str, dtype: torch.dtype) -> torch.nn.Module:
         raise ValueError(arch)
     torch.manual_seed(0)
     return cls(config).to(dtype).eval()
+
+
+def compile_and_compare(
+    model: torch.nn.Module, float_model: torch.nn.Module, ids: torch.Tensor
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the quantized model eagerly and compiled with qlower: (qlower's report, unquantized, eager and
+    compiled logits in fp32)."""
+    import qlower
+
+    with torch.no_grad():
+        unquantized = float_model(ids, use_cache=False).logits.float()
+        eager = model(ids, use_cache=False).logits.float()
+        compiled = torch.compile(model, options=qlower.inductor_options(), fullgraph=True)
+        with torch._inductor.config.patch(fx_graph_cache=False):  # a cache hit would skip qlower's report
+            out = compiled(ids, use_cache=False).logits.float()
+    return qlower.last_report(), unquantized, eager, out
+
+
+def assert_every_linear_lowered(report: Any, n_linears: int, family: str) -> None:
+    assert len(report.entries) == n_linears, report.table()
+    assert len(report.lowered) == n_linears, report.table()
+    assert {d.family for d in report} == {family}, report.table()
+
+
+def assert_no_further_from_float(unquantized: torch.Tensor, eager: torch.Tensor, out: torch.Tensor) -> None:
+    """qlower's logits are no further from the unquantized model's than eager torchao's are."""
+    quant_err = ((eager - unquantized).norm() / unquantized.norm()).item()
+    ours_err = ((out - unquantized).norm() / unquantized.norm()).item()
+    assert ours_err <= 1.1 * quant_err + 1e-3, (ours_err, quant_err)

@@ -9,9 +9,12 @@ import copy
 
 import pytest
 import torch
-from hf_models import tiny_decoder
-
-import qlower
+from hf_models import (
+    assert_every_linear_lowered,
+    assert_no_further_from_float,
+    compile_and_compare,
+    tiny_decoder,
+)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchao.prototype.mx_formats")
@@ -19,7 +22,9 @@ pytest.importorskip("torchao.prototype.mx_formats")
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "arch, elem", [("qwen2", torch.float8_e4m3fn), ("phi3", torch.float4_e2m1fn_x2)], ids=["qwen2-mxfp8", "phi3-mxfp4"]
+    "arch, elem",
+    [("qwen2", torch.float8_e4m3fn), ("phi3", torch.float4_e2m1fn_x2)],
+    ids=["qwen2-mxfp8", "phi3-mxfp4"],
 )
 def test_torchao_mx_decoder_every_linear_lowered(arch, elem):
     from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig
@@ -38,18 +43,8 @@ def test_torchao_mx_decoder_every_linear_lowered(arch, elem):
     )
     quantize_(model, cfg)
     ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        unquantized = float_model(ids, use_cache=False).logits.float()
-        eager = model(ids, use_cache=False).logits.float()
-        compiled = torch.compile(model, options=qlower.inductor_options(), fullgraph=True)
-        with torch._inductor.config.patch(fx_graph_cache=False):  # a cache hit would skip qlower's report
-            out = compiled(ids, use_cache=False).logits.float()
-    report = qlower.last_report()
-    assert len(report.entries) == n_linears, report.table()
-    assert len(report.lowered) == n_linears, report.table()
-    assert {d.family for d in report} == {"mx"}, report.table()
+    report, unquantized, eager, out = compile_and_compare(model, float_model, ids)
+    assert_every_linear_lowered(report, n_linears, "mx")
     # Dynamic MX amplifies the compile's bf16 rounding differences (an activation one ulp away can round to
     # another fp8 / fp4 code), so the logits are compared through their distance to the unquantized model.
-    quant_err = ((eager - unquantized).norm() / unquantized.norm()).item()
-    ours_err = ((out - unquantized).norm() / unquantized.norm()).item()
-    assert ours_err <= 1.1 * quant_err + 1e-3, (ours_err, quant_err)
+    assert_no_further_from_float(unquantized, eager, out)
