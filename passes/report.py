@@ -1,7 +1,7 @@
 """What qlower decided for every candidate linear of a compile, as data, a printable table and INFO logs.
 
 `QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO. `QLOWER_DUMP_GRAPHS=DIR` writes every
-graph the pass receives, before any rewrite, to DIR/graph_<n>.txt (one line per node with its dtype and
+graph the pass receives, before any rewrite, to DIR/graph_<pid>_<n>.txt (one line per node with its dtype and
 shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
 """
 
@@ -39,7 +39,7 @@ _dump_count = iter(range(1 << 62))
 
 
 def dump_graph(graph: Any) -> None:
-    """Write `graph` to $QLOWER_DUMP_GRAPHS/graph_<n>.txt when that variable is set."""
+    """Write `graph` to $QLOWER_DUMP_GRAPHS/graph_<pid>_<n>.txt when that variable is set."""
     out_dir = os.environ.get("QLOWER_DUMP_GRAPHS", "")
     if not out_dir:
         return

@@ -3,7 +3,7 @@
     python -W ignore scripts/sass_loop_stats.py mx_hfma 16 128 4        # BLOCK_N BLOCK_KW warps [BLOCK_M [prefetch]]
     python -W ignore scripts/sass_loop_stats.py qlinear_mm 64 64 256 4 4 1  # BM BN BK warps stages swap [split [cvt]]
     python -W ignore scripts/sass_loop_stats.py woq_limbs 16 64 256 4 4     # BM BN BK warps stages
-    python -W ignore scripts/sass_loop_stats.py mx_fp8 128 128 8 4 1 1      # BM BN warps stages chunks [scaled: 0 1 2=f32]
+    python -W ignore scripts/sass_loop_stats.py mx_fp8 128 128 8 4 1 2      # BM BN warps stages chunks [scaled 0-3, see mx_fp8()]
 
 Why: GPU time is scarce (30 min a session) and a kernel's instruction mix explains most of what a sweep shows.
 Triton compiles for a `GPUTarget("cuda", 90, 32)` without a GPU, and its wheel ships `ptxas` and `nvdisasm`,
