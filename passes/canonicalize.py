@@ -154,16 +154,16 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     xs = _shape(x_src)
     x2d = x_src if xs is not None and len(xs) == 2 and known_eq(xs[0], m) and known_eq(xs[1], k) else None
     if x2d is None:
-        x2d = em.call(aten.view.default, x_src, list(a.args[1])[1:])
+        x2d = em.call(aten.reshape.default, x_src, list(a.args[1])[1:])  # a copy only if x is not viewable
     w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
     mm = em.call(aten.mm.default, x2d, w2d)
     es = _shape(end)
     if es is not None and len(es) == 2 and known_eq(es[0], m) and known_eq(es[1], n):
         new_end = mm
     elif end is not bmm and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
-        new_end = Emitter(graph, end).call(aten.view.default, mm, list(end.args[1]))
+        new_end = Emitter(graph, end).call(aten.reshape.default, mm, list(end.args[1]))
     else:
-        new_end = em.call(aten.view.default, mm, [1, *list(a.args[1])[1:2], n])
+        new_end = em.call(aten.reshape.default, mm, [1, *list(a.args[1])[1:2], n])
     for node in (x2d, w2d, mm, new_end):
         if isinstance(node, fx.Node):
             node.meta.pop("qlower", None)  # not qlower's lowering: the recognizers must see these nodes

@@ -47,11 +47,11 @@ class EinsumGraph(TestCase):
             graph_summary(gm),
             """\
 convert_element_type: bfloat16[48, 64] = prims.convert_element_type(arg0_1, bfloat16)
-view_default: bfloat16[6, 64] = aten.view(arg1_1, [6, 64])
+reshape_default: bfloat16[6, 64] = aten.reshape(arg1_1, [6, 64])
 permute_default: bfloat16[64, 48] = aten.permute(convert_element_type, [1, 0])
-mm_default: bfloat16[6, 48] = aten.mm(view_default, permute_default)
-view_default_1: bfloat16[2, 3, 48] = aten.view(mm_default, [2, 3, 48])
-mul: bfloat16[2, 3, 48] = aten.mul.Tensor(view_default_1, arg2_1)""",
+mm_default: bfloat16[6, 48] = aten.mm(reshape_default, permute_default)
+reshape_default_1: bfloat16[2, 3, 48] = aten.reshape(mm_default, [2, 3, 48])
+mul: bfloat16[2, 3, 48] = aten.mul.Tensor(reshape_default_1, arg2_1)""",
         )
 
     def test_float_einsum_is_left_alone(self):
