@@ -91,6 +91,7 @@ DYN_FORMS: dict[str, tuple[type, dict[str, Any]]] = {
     "Int32MM": (dyn.Int32MM, {}),
     "FloatCarrier": (dyn.FloatCarrier, {}),
     "DequantBoth": (dyn.DequantBoth, {}),
+    "DequantEinsum": (dyn.DequantEinsum, {}),
     "AsymInt32": (dyn.AsymInt32, {}),
     "PT2E": (dyn.PT2E, {}),
     "PT2E_asym": (dyn.PT2E, {"asymmetric": True}),

@@ -106,6 +106,16 @@ class DequantBoth(Form):
         return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
+class DequantEinsum(Form):
+    """DequantBoth with the product written as `torch.einsum` (a batch-1 bmm until qlower canonicalizes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, sx = per_token(x.reshape(-1, x.shape[-1]))
+        xd = xq.to(torch.float32) * sx
+        wd = self.q_nk().to(torch.float32) * self.s[:, None]
+        return self.finish(torch.einsum("mk,nk->mn", xd, wd), x)
+
+
 class AsymInt32(Form):
     """Asymmetric per-token activations, zero point subtracted in int32 before the matmul."""
 
