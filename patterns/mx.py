@@ -69,13 +69,13 @@ _LAYOUT_OPS = {
     aten.lift_fresh_copy.default,
 }
 # Constants and moves: a table built on the host and moved to the data's device (`torch.tensor(list,
-# device=...)` traces under dynamic shapes as scalar_tensor + cat, then prims.device_put), or .to(device).
+# device=...)` traces under dynamic shapes as scalar_tensor + cat, then prims.device_put; `.to(device)`
+# reaches the pass decomposed into the same prims.device_put).
 _DECODE_EXTRA = {
     aten.index_put.default,
     aten.index.Tensor,
     aten.full.default,
     aten.scalar_tensor.default,
-    aten._to_copy.default,
     prims.device_put.default,
 }
 # Ops whose argument (position) is an output shape: rewritten when the probe runs on fewer rows.
