@@ -18,11 +18,16 @@ from qlower.patterns.record import QuantLinear
 
 
 class Emitter:
-    """Inserts nodes before an anchor node and fills in their fake values."""
+    """Inserts nodes before an anchor node and fills in their fake values.
 
-    def __init__(self, graph: fx.Graph, before: fx.Node) -> None:
+    `mark`: tag each node as qlower's (`meta["qlower"]`), so the recognizers never take a lowering's output
+    for a new candidate; graph canonicalization, whose nodes the recognizers must see, passes False.
+    """
+
+    def __init__(self, graph: fx.Graph, before: fx.Node, mark: bool = True) -> None:
         self.graph = graph
         self.before = before
+        self.mark = mark
 
     def call(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
         with self.graph.inserting_before(self.before):
@@ -35,7 +40,8 @@ class Emitter:
             raise RuntimeError(f"qlower: no fake mode found for inputs of {target}")
         with fake_mode:
             node.meta["val"] = target(*fake_args, **fake_kwargs)
-        node.meta["qlower"] = True
+        if self.mark:
+            node.meta["qlower"] = True
         return node
 
     # Small vocabulary shared by all lowerings.

@@ -125,9 +125,7 @@ def _redirect_size_reads(em: Emitter, chain: list[fx.Node], mm: fx.Node) -> None
         for user in [u for u in node.users if u.target is aten.sym_size.int]:
             dims = [d for d, s in enumerate(sizes) if known_eq(s, user.meta.get("val"))]
             if dims:
-                new = em.call(aten.sym_size.int, mm, dims[0])
-                new.meta.pop("qlower", None)
-                user.replace_all_uses_with(new)
+                user.replace_all_uses_with(em.call(aten.sym_size.int, mm, dims[0]))
 
 
 def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
@@ -149,7 +147,7 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     if not all(known_eq(s, t) for s, t in zip(ws, wanted, strict=True)):
         return False
     end, chain = _pure_reshape_end(bmm)
-    em = Emitter(graph, bmm)
+    em = Emitter(graph, bmm, mark=False)  # the recognizers must see these nodes
     x_src = ta[0]
     xs = _shape(x_src)
     x2d = x_src if xs is not None and len(xs) == 2 and known_eq(xs[0], m) and known_eq(xs[1], k) else None
@@ -161,12 +159,9 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     if es is not None and len(es) == 2 and known_eq(es[0], m) and known_eq(es[1], n):
         new_end = mm
     elif end is not bmm and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
-        new_end = Emitter(graph, end).call(aten.reshape.default, mm, list(end.args[1]))
+        new_end = Emitter(graph, end, mark=False).call(aten.reshape.default, mm, list(end.args[1]))
     else:
         new_end = em.call(aten.reshape.default, mm, [1, *list(a.args[1])[1:2], n])
-    for node in (x2d, w2d, mm, new_end):
-        if isinstance(node, fx.Node):
-            node.meta.pop("qlower", None)  # not qlower's lowering: the recognizers must see these nodes
     end.replace_all_uses_with(new_end)
     _redirect_size_reads(em, chain, mm)
     return True
