@@ -63,10 +63,27 @@ class DynamicInt8Linear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1])
         s = x2.abs().amax(dim=-1, keepdim=True).to(torch.float32).clamp(min=1e-8) / 127.0
         xq = torch.round(x2 / s).clamp(-127, 127).to(torch.int8)
-        y = torch._int_mm(xq, self.weight.t()) * s * self.scales
+        y = _int8_matmul(xq, self.weight.t()) * s * self.scales
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def _int_mm_takes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `torch._int_mm` runs these shapes here: cuBLAS's int8 GEMM needs M > 16 and K, N multiples of 8."""
+    if a.device.type != "cuda":
+        return True
+    m, k = a.shape
+    return m > 16 and k % 8 == 0 and b.shape[1] % 8 == 0
+
+
+def _int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] @ int8 [K, N] -> int32, exactly. Traced (torch.compile, torch.export) it is always
+    `torch._int_mm`, the form qlower recognizes; in eager, shapes cuBLAS refuses (decode's M = 1) take a float64
+    matmul, exact while K * 127**2 < 2**53."""
+    if torch.compiler.is_compiling() or _int_mm_takes(a, b):
+        return torch._int_mm(a, b)
+    return (a.double() @ b.double()).to(torch.int32)
 
 
 def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:

@@ -10,7 +10,10 @@ split-K and narrower swap-AB tiles, and times them side by side with bf16 and th
 kernel (`woq_limbs`) at every M > 1.
 
 Env: WOQ_EXP_POINTS ("MxKxN,..."), WOQ_EXP_BUDGET_S, WOQ_EXP_LIMBS_ONLY=1 (only the limb configs next to the
-current pick), WOQ_EXP_CVT=1..4 (only the inline-PTX int8 -> bf16 tiles of the four session-6 runs).
+current pick), WOQ_EXP_CVT=1..4 (only the inline-PTX int8 -> bf16 tiles of the four session-6 runs),
+WOQ_EXP_TMA=1|2 (session 8: the TMA-fed persistent woq kernel, `int8_hopper.woq_mm_tma_dev_kernel`; 2: round
+two, plus each point's "ceiling": the same pointer and TMA tiles fed a bf16 weight, no conversion at all, so
+the gap between a woq tile and cuBLAS splits into the conversion's share and the Triton GEMM's own).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_timing import gpu_time_us  # noqa: E402
 
 from qlower.lowerings.triton_kernels import configs, ops  # noqa: E402
-from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, limbs, mm  # noqa: E402
+from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, limbs, mm, tma  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
 BUDGET_S = float(os.environ.get("WOQ_EXP_BUDGET_S", "240"))
@@ -113,7 +116,64 @@ def ptx_cvt_round4(m: int) -> list[Any]:
             mm(16, 64, 256, 4, 4, fast=2)]  # fmt: skip
 
 
+def tma_round(m: int) -> list[Any]:
+    """Session 8 (WOQ_EXP_TMA=1): operands by TMA (no address registers, swizzled shared memory wgmma reads
+    directly), persistent grids; swap-AB keeps the converted weight in wgmma's register operand."""
+    if m <= 16:
+        return [tma(16, 64, 256, 4, 4, 2, swap=True, fast=3), tma(16, 128, 128, 4, 4, 2, swap=True, fast=3),
+                tma(16, 64, 128, 4, 6, 2, swap=True, fast=3), tma(16, 64, 256, 4, 4, 2, fast=2),
+                tma(16, 64, 128, 4, 5, 4, swap=True, fast=3)]  # fmt: skip
+    if m <= 64:
+        return [tma(64, 64, 128, 4, 4, 2, swap=True, fast=3), tma(64, 128, 128, 4, 4, 2, swap=True, fast=3),
+                tma(32, 64, 256, 4, 4, 2, swap=True, fast=3), tma(64, 64, 256, 4, 3, 2, swap=True, fast=3),
+                tma(64, 64, 128, 4, 4, 2, fast=2), tma(64, 32, 256, 4, 4, 2, fast=2)]  # fmt: skip
+    if m <= 256:
+        return [tma(128, 64, 128, 4, 4, 2, swap=True, fast=3), tma(64, 64, 128, 4, 4, 2, swap=True, fast=3),
+                tma(128, 128, 64, 4, 4, 2, swap=True, fast=3), tma(64, 128, 128, 4, 4, 2, swap=True, fast=3),
+                tma(128, 64, 128, 4, 4, 2, fast=2), tma(128, 32, 128, 4, 4, 2, fast=2),
+                tma(128, 128, 64, 4, 4, 2, fast=2)]  # fmt: skip
+    return [tma(128, 128, 64, 4, 4, 1, fast=2), tma(128, 128, 64, 4, 4, 2, fast=2),
+            tma(128, 256, 64, 8, 3, 1, fast=2), tma(128, 128, 128, 8, 3, 1, fast=2),
+            tma(128, 128, 64, 4, 4, 1, swap=True, fast=3), tma(128, 128, 64, 8, 4, 1, fast=2)]  # fmt: skip
+
+
+def tma_round2(m: int) -> list[Any]:
+    """Session 8, second run: round one's winners (non-swap, 2 programs per SM) with 3 programs per SM,
+    3 stages, wider groups, and narrower tiles at mid M."""
+    if m <= 256:
+        return [tma(128, 128, 64, 4, 4, 2, fast=2), tma(128, 128, 64, 4, 3, 3, fast=2),
+                tma(128, 64, 64, 4, 4, 3, fast=2), tma(128, 64, 64, 4, 4, 2, fast=2),
+                tma(64, 128, 64, 4, 4, 3, fast=2), tma(128, 128, 64, 4, 4, 2, fast=2, group_m=16)]  # fmt: skip
+    return [tma(128, 128, 64, 4, 4, 2, fast=2), tma(128, 128, 64, 4, 3, 3, fast=2),
+            tma(128, 128, 64, 4, 4, 2, fast=2, group_m=16), tma(128, 128, 64, 4, 4, 2, fast=2, group_m=4),
+            tma(128, 128, 32, 4, 6, 2, fast=2), tma(128, 64, 64, 4, 4, 3, fast=2)]  # fmt: skip
+
+
+def ceiling(m: int) -> list[Any]:
+    """Tiles to time on a bf16 weight (fast=0: the conversion is a no-op): what the Triton GEMM alone reaches."""
+    if m <= 256:
+        return [mm(128, 64, 128, 4, 4, swap=True, fast=0), mm(64, 64, 128, 4, 4, swap=True, fast=0),
+                mm(128, 128, 64, 4, 4, fast=0), tma(128, 128, 64, 4, 4, 2, fast=0),
+                tma(128, 64, 128, 4, 4, 2, fast=0)]  # fmt: skip
+    return [mm(128, 128, 64, 4, 4, fast=0), mm(128, 128, 64, 4, 3, fast=0), tma(128, 128, 64, 4, 4, 2, fast=0),
+            tma(128, 256, 64, 8, 3, 1, fast=0), tma(128, 128, 128, 8, 3, 1, fast=0)]  # fmt: skip
+
+
+def launch_bf16_weight(cfg: Any, x: torch.Tensor, wb: torch.Tensor, ones: torch.Tensor) -> torch.Tensor:
+    """A woq tile on a bf16 weight (no conversion): the pointer kernel through `ops._launch`, TMA directly."""
+    out = torch.empty(x.shape[0], wb.shape[0], dtype=x.dtype, device=x.device)
+    if cfg.kernel == "tma":
+        ops._launch_tma(cfg, x, wb, ones, None, None, out)
+    else:
+        ops._launch(cfg, x, wb, ones, None, None, out, 1)
+    return out
+
+
 def candidates(m: int) -> list[Any]:
+    if os.environ.get("WOQ_EXP_TMA") == "2":
+        return tma_round2(m)
+    if os.environ.get("WOQ_EXP_TMA"):
+        return tma_round(m)
     if os.environ.get("WOQ_EXP_CVT") == "4":
         return ptx_cvt_round4(m)
     if os.environ.get("WOQ_EXP_CVT") == "3":
@@ -206,6 +266,22 @@ def main() -> None:
             except Exception as e:  # a config Triton cannot build
                 v["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             row["variants"].append(v)
+        if os.environ.get("WOQ_EXP_TMA") == "2":
+            ones = torch.ones(n, device="cuda", dtype=torch.float32)
+            ref_b = x.double() @ wb[0].double().t()
+            row["ceiling"] = []
+            for cfg in ceiling(m):
+                v = {"config": str(cfg)}
+                try:
+                    out = launch_bf16_weight(cfg, x, wb[0], ones)
+                    v["rel_err"] = float((out.double() - ref_b).norm() / ref_b.norm())
+                    v["us"] = gpu_time_us([lambda w=w, c=cfg, x=x, o=ones: launch_bf16_weight(c, x, w, o) for w in wb])
+                except Exception as e:  # a config Triton cannot build
+                    v["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                row["ceiling"].append(v)
+            print("    ceiling (bf16 weight): " + ", ".join(
+                f"{v['config']}: {v.get('us', v.get('error'))} ({v.get('rel_err', 0):.1e})" for v in row["ceiling"]),
+                flush=True)  # fmt: skip
         ok = [v for v in row["variants"] if "us" in v]
         best = min(ok, key=lambda v: v["us"]) if ok else None
         row["best"] = best

@@ -23,6 +23,7 @@ from torch import nn
 import qlower
 from qlower.aoti import build
 from qlower.aoti import ops as shim_ops
+from qlower.aoti.dtypes import shim_has_dtype
 from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS
 
@@ -38,8 +39,10 @@ class MxWeightOnlyLinear(nn.Module):
         super().__init__()
         q, codes = mx_format.quantize(linear.weight.detach().float(), elem)
         self.elem = elem
-        self.register_buffer("q", q.view(torch.float4_e2m1fn_x2) if elem == "e2m1" else q)
-        self.register_buffer("codes", codes.view(torch.float8_e8m0fnu))
+        # MX dtypes where the shim can name them (torch >= 2.12), else raw bytes (qlower.aoti.dtypes says why)
+        mx_dtypes = shim_has_dtype(torch.float4_e2m1fn_x2) and shim_has_dtype(torch.float8_e8m0fnu)
+        self.register_buffer("q", q.view(torch.float4_e2m1fn_x2) if elem == "e2m1" and mx_dtypes else q)
+        self.register_buffer("codes", codes.view(torch.float8_e8m0fnu) if mx_dtypes else codes)
         self.register_buffer("bias", linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

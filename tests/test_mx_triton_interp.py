@@ -180,3 +180,26 @@ def test_decode_table_matches_rules():
     assert ops.decode_rule(17, ops.E4M3, 4096, 4096) is None  # above the measured range: current kernels
     assert ops.decode_rule(1, ops.E5M2, 4096, 4096) is None
     assert ops.HF_WIDE.kernel == "hfma" and ops.DEC_MM_FP4.decode == CVT
+
+
+def test_dynamic_m_buckets_cover_m1_under_the_size_assumption():
+    """A symbolic M is traced as >= 2 (0/1 specialization) but an AOTInductor package also runs at M = 1: the
+    gates must keep the M == 1 bucket, and at every M exactly one bucket's gate is 1 (session 8: the M == 1
+    bucket was pruned and M = 1 got no launch, an unwritten output)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
+
+    from qlower.lowerings.triton_kernels import mx_ops
+
+    env = ShapeEnv()
+    sym = env.create_symbol(8, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC)
+    m = env.create_symintnode(sym, hint=8)
+    assert statically_known_true(m > 1)  # the tracing assumption the gates must not rely on
+    gates = {bucket: mx_ops._gate(m, *bucket) for bucket in mx_ops._BUCKETS}
+    assert all(g is not None for g in gates.values()), gates
+    for v in (1, 2, 3, 4, 5, 16, 17, 1000):
+        on = [b for b, g in gates.items() if int(g.node.expr.subs(sym, v)) == 1]
+        off = [b for b, g in gates.items() if int(g.node.expr.subs(sym, v)) == 0]
+        assert len(on) == 1 and len(on) + len(off) == len(gates), (v, on)
+        lo, hi = on[0]
+        assert lo <= v and (hi is None or v <= hi), (v, on)

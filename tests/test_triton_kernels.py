@@ -95,6 +95,16 @@ for m, k, n, cfg in ((40, 80, 56, tma(16, 16, 32)), (17, 64, 48, tma(16, 32, 16,
     ops._launch_tma(cfg, xq, w, ws, xs, b, out)
     r = ref(xq, w, ws, xs, b)
     assert ((out.double() - r).norm() / r.norm()).item() < 1e-6, (m, k, n, str(cfg))
+# woq-int8 on the TMA kernel: both operand orders, both PTX widths (run as fp32 magic here), ragged M and N
+for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+    for m, k, n, cfg in ((40, 80, 56, tma(16, 16, 32, fast=2)), (17, 64, 48, tma(16, 32, 16, progs_per_sm=2, swap=True)),
+                         (5, 48, 40, tma(16, 16, 16, swap=True, fast=3))):
+        x, w = torch.randn(m, k, dtype=dt), torch.randint(-128, 128, (n, k), dtype=torch.int8)
+        ws, b = torch.rand(n) + 0.5, torch.randn(n).to(dt)
+        out = torch.empty(m, n, dtype=dt)
+        ops._launch_tma(cfg, x, w, ws, None, b, out)
+        r = ref(x, w, ws, None, b)
+        assert ((out.double() - r).norm() / r.norm()).item() < tol, (dt, m, k, n, str(cfg))
 # woq_limbs: rows far from 1 in magnitude, a zero row, and rows holding NaN / inf (those give NaN rows)
 w, ws = torch.randint(-127, 128, (24, 64), dtype=torch.int8), torch.rand(24) + 0.5
 x = torch.randn(5, 64, dtype=torch.float16) * torch.tensor([[1e4], [1e-3], [0.0], [1.0], [1.0]], dtype=torch.float16)
@@ -218,6 +228,17 @@ def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     picks += [f(m, k, n) for f in (configs.woq_int8_config, configs.dynamic_int8_config)
               for m in configs.M_BUCKETS for k, n in ((4096, 4096), (4096, 14336), (2048, 5120))]  # fmt: skip
     assert not [c for c in picks if c.swap_ab and c.num_warps > 4]
+
+
+def test_woq_large_m_takes_the_tma_tile_only_for_a_static_m():
+    """Static M above 256 (and M=256 at N=14336): the TMA tile that won the session-8 H200 runs; dynamic M's
+    tiled launch cannot size a persistent grid, so it keeps the pointer twin."""
+    assert configs.woq_int8_config(4096, 4096, 4096) == configs.WOQ_TMA
+    assert configs.woq_int8_config(700, 2048, 5120) == configs.WOQ_TMA  # off the table: the rule
+    assert configs.woq_int8_config(256, 4096, 14336).kernel == "tma"
+    for k, n in ((4096, 4096), (4096, 14336), (1000, 520)):
+        _, small, large = configs.woq_int8_dynamic_configs(k, n)
+        assert small.kernel == large.kernel == "mm" and large == configs.WOQ_TMA_FALLBACK
 
 
 def test_woq_mid_m_rule_and_crossover():
@@ -420,6 +441,7 @@ KERNEL_OF_KIND = {
     "gemv": "woq_int8_gemv_kernel",
     "mm": "qlinear_mm_kernel",
     "limbs": "woq_limb_mm_kernel",
+    "tma": "woq_mm_tma_dev_kernel",
 }
 
 
@@ -443,6 +465,22 @@ def test_compile_calls_triton_kernel(form, m, k, n):
             cvt = cfg.cvt if cfg.kernel == "decode" else cfg.fast_cvt
             assert cvt >= 2 and ops._conversion_here(cvt, x) == cvt, str(cfg)
     assert "torch.ops.qlower" not in code  # compiled in, not a Python fallback
+    assert _rel(out, model.reference(x)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, k, n, kernel",
+    [(1024, 4096, 1024, "woq_mm_tma_dev_kernel"), (600, 1000, 520, "qlinear_mm_kernel")],
+)  # K = 1000: rows not 16-byte aligned, so the TMA tile falls back to its pointer twin
+def test_compile_large_m_woq_on_the_tma_kernel(m, k, n, kernel):
+    """Under the TRITON preference a static M above AUTO's crossover takes the TMA tile (session 8)."""
+    model = WoqLinear(k, n, torch.bfloat16, bias=True).cuda()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    (out,), code = _compiled_code(model, [x], kernel_preference="triton")
+    # the explicit preference's lowering, past AUTO's crossover (WOQ_INT8_MAX_M)
+    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear.any_m"]
+    assert kernel in code and "torch.ops.qlower" not in code
     assert _rel(out, model.reference(x)) < 1e-2
 
 

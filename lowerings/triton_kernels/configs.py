@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class KernelConfig:
     """One launch: which kernel, its tile, and Triton's warps / pipeline stages."""
 
-    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, dynamic-int8 only), "decode"
+    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, persistent), "decode"
     # (`woq_decode_kernel`, woq-int8 only, static M: FMA, or swap-AB tensor cores when `swap_ab`) or "limbs"
     # (`woq_limbs`, woq-int8 only, static M, K <= 2**16: x as three int8 digit planes on int8 tensor cores)
     kernel: str
@@ -49,6 +49,8 @@ class KernelConfig:
             tags.append("swap")
         if self.kernel == "tma":
             tags.append(f"persistent x{self.progs_per_sm}")
+        if self.group_m != 8 and self.kernel in ("mm", "tma", "limbs"):
+            tags.append(f"group{self.group_m}")
         if self.kernel == "gemv" or self.fast_cvt != 1:
             tags.append({0: "i2f", 1: "fastcvt", 2: "cvt2", 3: "cvt3"}[int(self.fast_cvt)])
         return " ".join(tags)
@@ -73,10 +75,23 @@ def mm(
     return KernelConfig("mm", bm, bn, bk, warps, stages, split_k, group_m, swap, fast)
 
 
-def tma(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, progs_per_sm: int = 1) -> KernelConfig:
-    """Hopper int8 GEMM fed by TMA (int8_hopper.py), persistent; the launcher falls back to `mm` where TMA's
-    alignment rules do not hold."""
-    return KernelConfig("tma", bm, bn, bk, warps, stages, progs_per_sm=progs_per_sm)
+def tma(
+    bm: int,
+    bn: int,
+    bk: int,
+    warps: int = 4,
+    stages: int = 3,
+    progs_per_sm: int = 1,
+    *,
+    swap: bool = False,
+    fast: int = 1,
+    group_m: int = 8,
+) -> KernelConfig:
+    """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`swap`, `fast` as in `mm`);
+    the launcher falls back to `mm` where TMA's alignment rules do not hold."""
+    return KernelConfig(
+        "tma", bm, bn, bk, warps, stages, group_m=group_m, swap_ab=swap, fast_cvt=fast, progs_per_sm=progs_per_sm
+    )
 
 
 def decode_fma(
@@ -108,6 +123,10 @@ DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
+# session 8: woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX);
+# falls back to WOQ_TMA_FALLBACK where TMA cannot serve (ops._tma_unsupported)
+WOQ_TMA = tma(128, 128, 64, 4, 4, progs_per_sm=2, fast=2)
+
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -135,8 +154,11 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # 16.5 us), above dequant + mm (26.5 / 28.7 us)
     (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
     (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
-    (1024, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 67.7 (was mm(128, 128, 64, 8, 4): 76.7; session 6)
-    (4096, 4096, 4096): mm(128, 128, 64, 4, 3, fast=2),  # 266.3 (was mm(128, 128, 64, 8, 4): 315.3; session 6)
+    # M >= 1024 (served under an explicit TRITON preference; AUTO uses dequant + cuBLAS there) and M=256 at
+    # N=14336: TMA-fed operands, 2 programs per SM (session 8, gpu_exp_woq_midm.py WOQ_EXP_TMA=1/2,
+    # benchmarks/h200_experiments/woq_tma*_session8.json; "was": the entry before, same run)
+    (1024, 4096, 4096): WOQ_TMA,  # 64.1 (was mm(128, 128, 64, 4, 3, fast=2): 69.5; bf16 46.0)
+    (4096, 4096, 4096): WOQ_TMA,  # 237.3 (was mm(128, 128, 64, 4, 3, fast=2): 265.1; bf16 170.7)
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
     # M 4 / 16, 4096->14336: session 4's int8-limb kernel (woq_limbs.py) held M=4; the PTX tile beat it
     (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
@@ -145,9 +167,9 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
     # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
     (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
-    (256, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 69.2 (was mm(128, 128, 64, 8, 3): 77.4; bf16 44.6)
-    (1024, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 266.1 (was mm(128, 128, 64, 8, 4): 304.2)
-    (4096, 4096, 14336): mm(128, 128, 64, 4, 4, fast=2),  # 911.6 (was mm(128, 128, 64, 8, 4): 1032.9)
+    (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9; session 8)
+    (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5; session 8)
+    (4096, 4096, 14336): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
     # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the session-6
     # second run. (woq_decode's "sem" split, faster in session 5, needs a persistent zeroed counter buffer, which
@@ -213,8 +235,9 @@ def _mm16_ptx(k: int, n: int) -> KernelConfig:
 
 
 def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
-    """Shapes the sweep did not cover, pointer kernels only (the dynamic-M fallbacks): the configs that were
-    good on both swept (K, N)."""
+    """Shapes the sweep did not cover: the configs that were good on both swept (K, N). Pointer kernels up to
+    M = 256 (they also serve dynamic M's skinny launch); above, the TMA tile that won every swept M >= 1024
+    (static M only; it falls back to its pointer twin where TMA cannot serve)."""
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
@@ -225,8 +248,8 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
     if bucket <= 128:
         return mm(128, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(64, 64, 128, 4, 4, swap=True, fast=3)
     if bucket <= 256:
-        return mm(128, 128, 64, 4, 4, fast=2) if wide else mm(128, 64, 128, 4, 4, swap=True, fast=3)
-    return mm(128, 128, 64, 8, 4)
+        return WOQ_TMA if wide else mm(128, 64, 128, 4, 4, swap=True, fast=3)
+    return WOQ_TMA
 
 
 def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
@@ -255,8 +278,10 @@ def dynamic_int8_config(m: int, k: int, n: int) -> KernelConfig:
     return DYNAMIC_INT8_TABLE.get((b, k, n)) or _dynamic_rule(b, k, n)
 
 
-# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base, dynamic M): the best `mm`.
+# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base, dynamic M): the best `mm`
+# (dynamic-int8; woq-int8's large-M tile).
 TMA_FALLBACK = mm(128, 256, 128, 8, 4)
+WOQ_TMA_FALLBACK = mm(128, 128, 64, 4, 4, fast=2)
 
 
 def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig:
@@ -270,9 +295,7 @@ def woq_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelC
         woq_int8_config(DYNAMIC_M_SPLIT, k, n),
         _woq_rule(DYNAMIC_M_SPLIT, k, n),
     )
-    large = _no_gemv_or_split(
-        woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), _woq_rule(_DYNAMIC_LARGE_BUCKET, k, n)
-    )
+    large = _no_gemv_or_split(woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), WOQ_TMA_FALLBACK)
     return DYNAMIC_M_SPLIT, small, large
 
 

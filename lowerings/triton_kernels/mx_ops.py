@@ -182,8 +182,13 @@ def _decode_words(a: torch.Tensor, w: torch.Tensor, a_fmt: int, w_fmt: int) -> O
 
 
 def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
-    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0."""
-    if statically_known_true(m < lo) or (hi is not None and statically_known_true(m > hi)):
+    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0.
+
+    "m > 1" is never taken as proof: tracing assumes a symbolic size >= 2 (0/1 specialization), yet the
+    graph also runs at M = 1 where nothing recompiles (AOTInductor). Pruning the M == 1 bucket on that
+    assumption left M = 1 with no launch at all (an unwritten output, seen on the H200 in session 8).
+    """
+    if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
         return None
     g = torch.sym_max(0, torch.sym_min(1, m - lo + 1))
     if hi is not None:

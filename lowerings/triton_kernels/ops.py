@@ -14,7 +14,7 @@ from torch.library import triton_op, wrap_triton
 
 from . import configs, interpreted
 from .configs import KernelConfig
-from .int8_hopper import int8_mm_tma_dev_kernel
+from .int8_hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
 from .kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
 from .launch_args import cdiv, flat, is_static
 from .woq_decode import woq_decode_kernel
@@ -39,7 +39,7 @@ def _launch(
         if _tma_unsupported(a, w, out, gate) is None:
             _launch_tma(cfg, a, w, ws, xs, bias, out)
             return
-        cfg = configs.TMA_FALLBACK
+        cfg = configs.TMA_FALLBACK if a.dtype == torch.int8 else configs.WOQ_TMA_FALLBACK
     ws1, s_ws = flat(ws)
     b1, s_b = flat(bias) if bias is not None else (ws1, 0)
     even_k = k % cfg.block_k == 0
@@ -129,8 +129,8 @@ def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: 
         return "not an sm_90 GPU"
     if not (is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
         return "the persistent grid needs a static, non-zero M"
-    if a.dtype != torch.int8 or w.dtype != torch.int8:
-        return "int8 operands only"
+    if w.dtype != torch.int8 or a.dtype not in (torch.int8, torch.bfloat16, torch.float16):
+        return "an int8 weight and int8, bf16 or fp16 activations only"
     if a.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
         return "inner strides must be 1"
     for t in (a, w, out):
@@ -165,7 +165,7 @@ def _launch_tma(
     bias: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
-    """The persistent TMA int8 GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles."""
+    """The persistent TMA GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles."""
     _ensure_allocator()
     m = int(a.shape[0])
     n, k = w.shape
@@ -175,7 +175,19 @@ def _launch_tma(
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     # 4 SMs in the interpreter
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
-    wrap_triton(int8_mm_tma_dev_kernel)[(max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)](
+    grid = (max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)
+    if a.dtype != torch.int8:
+        assert xs is None, "woq-int8 has no activation scale"
+        if cfg.swap_ab and cfg.num_warps > 4:
+            raise ValueError(f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}), see _launch")
+        wrap_triton(woq_mm_tma_dev_kernel)[grid](
+            a, w, out, ws1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_b,
+            HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
+    wrap_triton(int8_mm_tma_dev_kernel)[grid](
         a, w, out, ws1, xs1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_xs, s_b,
         HAS_XS=xs is not None, HAS_BIAS=bias is not None, EPI_TMA=True, EPI_SPLIT=2,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
