@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from aoti_cuda import needs_cuda_package_load
 from woq_models import WoqLinear
 
 import qlower
@@ -508,10 +509,7 @@ def test_auto_declines_dynamic_m_and_large_m():
 
 
 @pytest.mark.gpu
-@pytest.mark.skip(
-    reason="the H200 image (torch 2.11, Triton 3.6) segfaults in aoti_load_package for a plain model without "
-    "qlower too, also in a fresh process (benchmarks/h200_experiments/aoti_exp.json, aoti_plain_load.txt)"
-)
+@needs_cuda_package_load
 def test_aot_inductor_embeds_kernel():
     import zipfile
 
