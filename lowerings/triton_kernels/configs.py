@@ -87,8 +87,9 @@ def tma(
     fast: int = 1,
     group_m: int = 8,
 ) -> KernelConfig:
-    """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`swap`, `fast` as in `mm`);
-    the launcher falls back to `mm` where TMA's alignment rules do not hold."""
+    """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
+    is refused: the variant lost in session 8 and was removed); the launcher falls back to `mm` where TMA's
+    alignment rules do not hold."""
     return KernelConfig(
         "tma", bm, bn, bk, warps, stages, group_m=group_m, swap_ab=swap, fast_cvt=fast, progs_per_sm=progs_per_sm
     )

@@ -115,7 +115,6 @@ def _mm_tiles(
     FLATTEN: tl.constexpr,
     WARP_SPEC: tl.constexpr,
     INT8_A: tl.constexpr = True,
-    SWAP_AB: tl.constexpr = False,
     FAST_CVT: tl.constexpr = 0,
 ):
     """Program p computes tiles p, p + P, p + 2P, ... (P = the grid): P = #SMs is persistent, P = #tiles is not.
@@ -123,8 +122,8 @@ def _mm_tiles(
     The epilogue recomputes its tile coordinates from a second counter (`tile_c`) rather than reusing the
     loop's: with FLATTEN the pipeliner may hoist the next tile's coordinates above this tile's epilogue.
     INT8_A False (woq-int8): a is bf16/fp16 and each weight tile is converted in registers (`FAST_CVT`, see
-    `kernels._int8_to`); SWAP_AB then computes acc^T = W @ a^T, so the converted weight is wgmma's register
-    operand and never goes back to shared memory, and a skinny M is the MMA's N dimension.
+    `kernels._int8_to`) as the MMA's B operand. (A swap-AB variant, the converted weight as wgmma's register
+    operand, was 1.07-1.9x slower than the pointer tile at every point of the session-8 H200 sweep and was removed.)
     """
     start = tl.program_id(0)
     step = tl.num_programs(0)
@@ -137,27 +136,14 @@ def _mm_tiles(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if INT8_A:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-            for kt in range(k_tiles):
-                off_k = kt * BLOCK_K
-                a = a_desc.load([off_m, off_k])
-                w = w_desc.load([off_n, off_k])
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT8_A else tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            w = w_desc.load([off_n, off_k])
+            if INT8_A:
                 acc = tl.dot(a, w.T, acc, out_dtype=tl.int32)
-        elif SWAP_AB:
-            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for kt in range(k_tiles):
-                off_k = kt * BLOCK_K
-                a = a_desc.load([off_m, off_k])
-                w = w_desc.load([off_n, off_k])
-                acc_t = tl.dot(_int8_to(w, a.dtype, FAST_CVT), a.T, acc_t)
-            acc = tl.trans(acc_t)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(k_tiles):
-                off_k = kt * BLOCK_K
-                a = a_desc.load([off_m, off_k])
-                w = w_desc.load([off_n, off_k])
+            else:
                 acc = tl.dot(a, _int8_to(w, a.dtype, FAST_CVT).T, acc)
         tile_c += step
         pid_mc, pid_nc = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
@@ -228,7 +214,6 @@ def woq_mm_tma_dev_kernel(
     stride_ws,
     stride_b,
     HAS_BIAS: tl.constexpr,
-    SWAP_AB: tl.constexpr,
     FAST_CVT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -238,13 +223,12 @@ def woq_mm_tma_dev_kernel(
 ):
     """out[M, N] = a[M, K] (bf16/fp16) @ (w[N, K] int8 * ws[N]).T (+ bias): woq-int8 with TMA-fed operands.
 
-    Same walk and epilogue as `int8_mm_tma_dev_kernel`; the store is a masked `tl.store` (the swap-AB tile's
-    transpose already goes through shared memory, a TMA store would stage it a second time).
+    Same walk and epilogue as `int8_mm_tma_dev_kernel`, with a masked `tl.store` (what the session-8 sweep
+    timed).
     """
     a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])
     _mm_tiles(
         a_desc, w_desc, out_ptr, ws_ptr, ws_ptr, b_ptr, M, N, K, stride_om, stride_ws, 0, stride_b,
-        False, HAS_BIAS, False, 1, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, False,
-        False, SWAP_AB, FAST_CVT,
+        False, HAS_BIAS, False, 1, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, False, False, FAST_CVT,
     )  # fmt: skip

@@ -178,11 +178,11 @@ def _launch_tma(
     grid = (max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)
     if a.dtype != torch.int8:
         assert xs is None, "woq-int8 has no activation scale"
-        if cfg.swap_ab and cfg.num_warps > 4:
-            raise ValueError(f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}), see _launch")
+        if cfg.swap_ab:
+            raise ValueError(f"qlower: the TMA woq kernel has no swap-AB variant ({cfg}; it lost every point)")
         wrap_triton(woq_mm_tma_dev_kernel)[grid](
             a, w, out, ws1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_b,
-            HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
+            HAS_BIAS=bias is not None, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
