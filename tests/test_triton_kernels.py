@@ -242,6 +242,21 @@ def test_woq_large_m_takes_the_tma_tile_only_for_a_static_m():
         assert small.kernel == large.kernel == "mm" and large == configs.WOQ_TMA_FALLBACK
 
 
+@needs_triton
+def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
+    """TMA kernels run on NVIDIA sm_90 only: a CPU tensor, and a ROCm "cuda" device (MI300 reports 9.x), take
+    the pointer fallback."""
+    from types import SimpleNamespace
+
+    from qlower.lowerings.triton_kernels import ops
+
+    x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+    assert ops._tma_unsupported(x, w, torch.empty(32, 32, dtype=torch.bfloat16), 1) == "not an NVIDIA GPU"
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    rocm = SimpleNamespace(device=torch.device("cuda"))
+    assert ops._tma_unsupported(rocm, rocm, rocm, 1) == "not an NVIDIA GPU"
+
+
 def test_woq_mid_m_rule_and_crossover():
     """M 65..256 (AUTO's Triton range since the session-4 H200 run): swap-AB tiles off the measured shapes too,
     narrow ones at N <= 8192, and the crossover to dequant + mm right above the last measured win."""

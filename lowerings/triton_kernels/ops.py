@@ -125,7 +125,9 @@ def _aligned(x: Any) -> bool:
 def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: Any) -> str | None:
     """Why the TMA kernel cannot serve this launch (None: it can). TMA needs sm_90, 16-byte aligned bases and
     row strides, unit inner strides; the persistent grid needs a static M (and no dynamic-M gate)."""
-    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+    if a.device.type != "cuda" or torch.version.hip is not None:  # ROCm reports capability 9.x for gfx94x
+        return "not an NVIDIA GPU"
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
         return "not an sm_90 GPU"
     if not (is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
         return "the persistent grid needs a static, non-zero M"
