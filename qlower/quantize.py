@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qlower.lowerings.dynamic_int8_lowerings import CUDA_KN_MULTIPLE, CUDA_MIN_M
+
 
 def quantize_per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: w [N, K] ~= q [N, K] * scale [N, 1]. Scale in fp32, q int8."""
@@ -45,7 +47,8 @@ class WeightOnlyInt8Linear(nn.Module):
 
 class DynamicInt8Linear(nn.Module):
     """Dynamic int8 (per-token symmetric activations x per-channel int8 weights), the hand-written form:
-    quantize x in the graph, `torch._int_mm` on int8, rescale in fp32. Eager CUDA `_int_mm` needs M > 16."""
+    quantize x in the graph, `torch._int_mm` on int8, rescale in fp32 (in eager, shapes cuBLAS refuses take an
+    exact float64 matmul: `_int8_matmul`)."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -70,11 +73,11 @@ class DynamicInt8Linear(nn.Module):
 
 
 def _int_mm_takes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `torch._int_mm` runs these shapes here: cuBLAS's int8 GEMM needs M > 16 and K, N multiples of 8."""
+    """Whether `torch._int_mm` runs these shapes here (the CUDA rules the dynamic-int8 lowerings check too)."""
     if a.device.type != "cuda":
         return True
     m, k = a.shape
-    return m > 16 and k % 8 == 0 and b.shape[1] % 8 == 0
+    return m >= CUDA_MIN_M and k % CUDA_KN_MULTIPLE == 0 and b.shape[1] % CUDA_KN_MULTIPLE == 0
 
 
 def _int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
