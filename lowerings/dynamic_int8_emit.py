@@ -144,14 +144,12 @@ def shift_to_u8(em: _Emitter, x_q: fx.Node) -> fx.Node:
     return em.call(aten.bitwise_xor.Scalar, em.call(aten.view.dtype, x_q, torch.uint8), U8_SHIFT)
 
 
-def make_emit_int_mm_u8(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
-    """u8s8 `_int_mm` from M = min_m on (and for dynamic M): (x_q + 128) as uint8 [M, K] times the int8 weight,
-    minus 128 * colsum(w) in the epilogue (exact in int32). The shift fuses into the quantize prologue; the
-    column sums fold into a constant under freezing. Below min_m: plain s8s8 `_int_mm`."""
+def make_emit_int_mm_u8() -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+    """u8s8 `_int_mm`: (x_q + 128) as uint8 [M, K] times the int8 weight, minus 128 * colsum(w) in the
+    epilogue (exact in int32). The shift fuses into the quantize prologue; the column sums fold into a constant
+    under freezing. Which M take it is the lowering's `supports` (lowerings/dynamic_int8_lowerings.py)."""
 
     def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
-        if is_static(rec.m) and int(rec.m) < min_m:
-            return emit_int_mm(graph, rec)
         em = _emitter(graph, rec)
         x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
         x_u8 = shift_to_u8(em, x2d)

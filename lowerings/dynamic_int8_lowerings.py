@@ -44,7 +44,7 @@ from .registry import Lowering
 
 CUDA_MIN_M = 17  # cuBLASLt int8: self.size(0) > 16
 CUDA_KN_MULTIPLE = 8
-CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums
+CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums (where it is right, below)
 CPU_U8_MIN_K = 4096  # below: s8s8 `_int_mm` was faster (K = 1024, 2048, 2816); u8s8 won at K = 4096, 8192
 # Cached-prepack qlinear: a fixed ~55 us per call (custom op + oneDNN); it won from K*N = 2^22 int8 weights on
 # (M=16: 394 vs 806 us at 2048^2, 364 vs 987 us at 4096x1024), tied at 1024^2 and lost below (63 vs 10 us
@@ -74,8 +74,24 @@ def _int8_operands(rec: QuantLinear) -> str | None:
     return None
 
 
-def _supports_any_shape(rec: QuantLinear) -> str | None:
-    return _int8_operands(rec)
+def s8s8_gemv_unsafe(rec: QuantLinear) -> bool:
+    """Whether an s8s8 `_int_mm` here may take oneDNN's M = 1 GEMV path on a VNNI CPU without AMX.
+
+    On such CPUs a torchao dynamic-int8 decode step (M = 1) lowered to s8s8 `_int_mm` returned values off by
+    10^3-10^4x while M >= 2 and the u8s8 form torchao itself runs there were right; on AVX2 and AMX CPUs s8s8 is
+    right at every M. So on VNNI-only CPUs every M that can be 1 (a static 1, or a symbolic M) takes u8s8.
+    Checked by tests/test_torchao_dynamic_int8.py on whatever CPU runs the suite.
+    """
+    return cpu_int8_isa() == "vnni" and not (is_static(rec.m) and int(rec.m) >= 2)
+
+
+def _supports_cpu_s8s8(rec: QuantLinear) -> str | None:
+    why = _int8_operands(rec)
+    if why:
+        return why
+    if s8s8_gemv_unsafe(rec):
+        return "s8s8 _int_mm at M = 1 is wrong on VNNI CPUs without AMX (its GEMV path): u8s8 instead"
+    return None
 
 
 def weight_is_frozen(rec: QuantLinear) -> bool:
@@ -159,6 +175,8 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
     isa = cpu_int8_isa()
     if isa != "vnni":
         return f"u8s8 only pays on VNNI CPUs without AMX (this CPU: {isa})"
+    if s8s8_gemv_unsafe(rec):
+        return None  # correctness, not speed: s8s8 is wrong at M = 1 here
     if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
         return f"M={int(rec.m)} < {CPU_U8_MIN_M}: s8s8 takes a GEMV path as fast, without column sums"
     if rec.k < CPU_U8_MIN_K:
@@ -209,7 +227,7 @@ DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
     family="dynamic_int8",
     kind=KernelPreference.ATEN,
     supports=_supports_cpu_u8s8,
-    emit=make_emit_int_mm_u8(CPU_U8_MIN_M),
+    emit=make_emit_int_mm_u8(),
     doc="oneDNN u8s8 GEMM (VNNI without AMX): shifted activation, column-sum compensation in the rescale",
 )
 
@@ -217,7 +235,7 @@ DYNAMIC_INT8_INT_MM_CPU = Lowering(
     name="aten._int_mm",
     family="dynamic_int8",
     kind=KernelPreference.ATEN,
-    supports=_supports_any_shape,
+    supports=_supports_cpu_s8s8,
     emit=emit_int_mm,
     doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
 )

@@ -1,0 +1,127 @@
+"""torchao `Int8DynamicActivationInt8WeightConfig` at decode sizes (M = 1, 2, 3, 17), both of torchao's CPU
+spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), and the rule that keeps s8s8 `_int_mm`
+away from M = 1 on VNNI CPUs (`lowerings/dynamic_int8_lowerings.py: s8s8_gemv_unsafe`).
+
+On a VNNI CPU without AMX an M = 1 linear lowered to s8s8 `_int_mm` was off by 10^3-10^4x while the u8s8 form
+was right; the numeric tests here run on whatever CPU runs the suite, the graph tests force the ISA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qlower
+from qlower.testing import apply_pass, trace_for_inductor
+
+torchao_quant = pytest.importorskip("torchao.quantization")
+intmm = pytest.importorskip("torchao.kernel.intmm")
+
+K, N = 256, 128
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-5}
+
+
+def _quantized_linear(dtype: torch.dtype, device: str = "cpu", k: int = K, n: int = N) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n)).to(device, dtype)
+    torchao_quant.quantize_(model, torchao_quant.Int8DynamicActivationInt8WeightConfig())
+    return model
+
+
+@pytest.fixture(params=["s8s8", "u8s8"])
+def torchao_branch(request, monkeypatch):
+    """torchao's CPU graph form: s8s8 (AMX or no VNNI), or u8s8 (VNNI without AMX), forced either way."""
+    monkeypatch.setattr(intmm, "_cpu_is_vnni_supported", lambda: request.param == "u8s8")
+    monkeypatch.setattr(intmm, "_cpu_is_amx_tile_supported", lambda: False)
+    return request.param
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("shape", [(1, K), (2, K), (3, K), (17, K), (1, 1, K), (2, 1, K)])
+def test_torchao_dynamic_int8_decode_sizes_match_eager(torchao_branch, shape):
+    model = _quantized_linear(torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        ref = model(x)
+        out = torch.compile(model, options=qlower.inductor_options())(x)
+    report = qlower.last_report()
+    assert len(report.lowered) == 1, report.table()
+    assert _rel(out, ref) < TOL[torch.bfloat16], (_rel(out, ref), report.table())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_torchao_dynamic_int8_m1_every_dtype(torchao_branch, dtype):
+    model = _quantized_linear(dtype)
+    x = torch.randn(1, K, dtype=dtype)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        ref = model(x)
+        out = torch.compile(model, options=qlower.inductor_options())(x)
+    assert len(qlower.last_report().lowered) == 1, qlower.last_report().table()
+    assert _rel(out, ref) < TOL[dtype]
+
+
+def test_torchao_dynamic_int8_dynamic_m_every_size(torchao_branch):
+    """One compile with a symbolic M serves M = 1 (decode) as well as the prefill sizes."""
+    model = _quantized_linear(torch.bfloat16)
+    compiled = torch.compile(model, options=qlower.inductor_options(), dynamic=True)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        for m in (5, 1, 2, 17):
+            x = torch.randn(m, K, dtype=torch.bfloat16)
+            assert _rel(compiled(x), model(x)) < TOL[torch.bfloat16], m
+
+
+def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
+    return [
+        n.args[0].meta["val"].dtype
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.aten._int_mm.default
+    ]
+
+
+@pytest.mark.parametrize("m, dynamic", [(1, False), (4, True)])
+def test_vnni_cpu_takes_u8s8_wherever_m_can_be_1(torchao_branch, monkeypatch, m, dynamic):
+    """On a VNNI CPU without AMX, an M that is 1 or symbolic never reaches s8s8 `_int_mm` (any K)."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+    model = _quantized_linear(torch.bfloat16)
+    x = torch.randn(m, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm = trace_for_inductor(model, x, dynamic=dynamic)
+        report = apply_pass(gm)
+    assert [d.lowering for d in report] == ["aten._int_mm.u8s8"], report.table()
+    assert _int_mm_operand_dtypes(gm) == [torch.uint8]
+
+
+def test_vnni_cpu_keeps_s8s8_where_m_is_at_least_2(torchao_branch, monkeypatch):
+    """The rule costs nothing where s8s8 is right and measured faster (static M >= 2, K < 4096)."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+    model = _quantized_linear(torch.bfloat16)
+    with torch.no_grad():
+        gm = trace_for_inductor(model, torch.randn(2, K, dtype=torch.bfloat16))
+        report = apply_pass(gm)
+    assert [d.lowering for d in report] == ["aten._int_mm"], report.table()
+    assert _int_mm_operand_dtypes(gm) == [torch.int8]
+
+
+def test_non_vnni_cpu_keeps_s8s8_at_m1(torchao_branch, monkeypatch):
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "none")
+    model = _quantized_linear(torch.bfloat16)
+    with torch.no_grad():
+        gm = trace_for_inductor(model, torch.randn(1, K, dtype=torch.bfloat16))
+        report = apply_pass(gm)
+    assert [d.lowering for d in report] == ["aten._int_mm"], report.table()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 4096), (2, 4096), (17, 4096), (1, 1, 4096), (1, 17, 4096)])
+def test_torchao_dynamic_int8_cuda_decode_sizes(shape):
+    model = _quantized_linear(torch.bfloat16, "cuda", 4096, 4096)
+    x = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        ref = model(x)
+        out = torch.compile(model, options=qlower.inductor_options())(x)
+    report = qlower.last_report()
+    assert len(report.lowered) == 1, report.table()
+    assert _rel(out, ref) < TOL[torch.bfloat16], (_rel(out, ref), report.table())
