@@ -1,4 +1,4 @@
-"""Graph canonicalization before matching: a linear written with `torch.einsum` becomes the `mm` it is.
+"""Graph canonicalization before matching: linears that reach the graph as a `bmm` become the `mm` they are.
 
 Why: `torch.einsum("mk,nk->mn", x, w)` (or "bsk,nk->bsn") reaches the joint graph as a `bmm` with batch 1
 between chains of unsqueeze / permute / view, and its output goes through another such chain. Every family's
@@ -6,6 +6,10 @@ recognizer starts from `mm` / `addmm` (`graph_utils.matmul_site`), so the quanti
 was never seen. This rewrite turns such a `bmm` into `mm(x2d, w)` with plain views around it, which is the
 same arithmetic (one 2-D product, batch 1) and the form the recognizers know; it only touches a `bmm` whose
 second operand is computed in the graph (a dequantized weight), never one between two graph inputs.
+
+The same holds for `F.linear` on a 3-D activation that is not viewable as [B*S, K] (transposed, or expanded
+with stride 0): Inductor's decomposition then multiplies `bmm(x, w2d.expand(B, K, N))`, one 2-D weight shared by
+every batch entry. That is `mm(x.reshape(B*S, K), w2d)` viewed back to [B, S, N] (`shared_weight_bmm_to_mm`).
 
 Layout chains are followed through view / reshape / unsqueeze / squeeze and permutes. A chain is a pure
 reshape when no permute reorders dimensions of size other than 1; the weight side may also swap its two
@@ -165,6 +169,64 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     end.replace_all_uses_with(new_end)
     _redirect_size_reads(em, chain, mm)
     return True
+
+
+def _expanded_2d(operand: Any) -> fx.Node | None:
+    """w2d when `operand` is a 2-D tensor computed in the graph, expanded to [B, K, N] (views of that shape
+    around the expand allowed), so that every batch entry multiplies the same matrix."""
+    out = _shape(operand)
+    cur = operand
+    while is_call(cur, _VIEWS) and _same_shape(_shape(cur.args[0]), out):
+        cur = cur.args[0]
+    if not is_call(cur, (aten.expand.default,)) or out is None or len(out) != 3:
+        return None
+    src = cur.args[0]
+    if is_call(src, (aten.unsqueeze.default,)) and src.args[1] == 0:
+        src = src.args[0]
+    ss, traced = _shape(src), _trace(src)
+    if ss is None or len(ss) != 2 or not _same_shape(ss, out[1:]) or traced is None:
+        return None
+    return src if traced[0].op == "call_function" else None  # a float weight input stays a bmm
+
+
+def _same_shape(a: list[Any] | None, b: list[Any] | None) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(map(known_eq, a, b))
+
+
+def _shared_weight_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
+    a, b = bmm.args[:2]
+    av, bv = _shape(a), _shape(b)
+    w2d = _expanded_2d(b)
+    if w2d is None or av is None or bv is None or len(av) != 3:
+        return False
+    # the activation's [B, S, K] shape arguments (symbols included) are reused for the 2-D and output views
+    if not (is_call(a, _VIEWS) and len(a.args[1]) == 3):
+        return False
+    batch, rows, k = list(a.args[1])
+    n = b.args[1][2] if is_call(b, _VIEWS) and len(b.args[1]) == 3 else bv[2]
+    if not isinstance(n, (int, fx.Node)):
+        return False
+    em = Emitter(graph, bmm, mark=False)  # the recognizers must see these nodes
+    x2d = em.call(aten.reshape.default, a, [-1, k])  # a copy where x is not viewable (what bmm read)
+    mm = em.call(aten.mm.default, x2d, w2d)
+    bmm.replace_all_uses_with(em.call(aten.reshape.default, mm, [batch, rows, n]))
+    return True
+
+
+def shared_weight_bmm_to_mm(graph: fx.Graph) -> int:
+    """Rewrite every `bmm` of a 3-D activation and one expanded in-graph 2-D weight as `mm`; returns how many."""
+    done = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.bmm.default and _shared_weight_bmm(graph, node):
+            done += 1
+    if done:
+        graph.eliminate_dead_code()
+    return done
+
+
+def canonicalize(graph: fx.Graph) -> int:
+    """Every rewrite of this module, in order; returns how many `bmm`s became `mm`."""
+    return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph)
 
 
 def einsum_to_mm(graph: fx.Graph) -> int:

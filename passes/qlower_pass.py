@@ -22,7 +22,7 @@ from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
 from . import report as reporting
-from .canonicalize import einsum_to_mm
+from .canonicalize import canonicalize
 
 # Environment variables that change which lowering is chosen or how it is emitted.
 DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS", "QLOWER_CPU_PREPACK_CACHE")
@@ -58,7 +58,7 @@ class QLowerPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         report = reporting.start_graph()
         reporting.dump_graph(graph)
-        einsum_to_mm(graph)  # einsum-written linears reach the recognizers as the mm they are
+        canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
         for family in self.families:
             self._lower_family(graph, family, report)
         graph.lint()

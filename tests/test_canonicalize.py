@@ -1,4 +1,5 @@
-"""Linears written with `torch.einsum` reach the recognizers as `mm` (passes/canonicalize.py).
+"""Linears spelled as `bmm` reach the recognizers as `mm` (passes/canonicalize.py): `torch.einsum`, and
+`F.linear` on a 3-D activation that is not viewable as 2-D (transposed, or expanded with stride 0).
 
 Traced graphs as qlower's pass receives them: the batch-1 `bmm` becomes `mm` with views around it, the
 quantized linear behind it is lowered like its F.linear spelling, and a float einsum is left untouched.
@@ -11,7 +12,7 @@ import torch
 from expecttest import TestCase
 
 import qlower
-from qlower.passes.canonicalize import einsum_to_mm
+from qlower.passes.canonicalize import einsum_to_mm, shared_weight_bmm_to_mm
 from qlower.patterns import mx_format as fmt
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
 
@@ -56,7 +57,9 @@ mul: bfloat16[2, 3, 48] = aten.mul.Tensor(reshape_default_1, arg2_1)""",
 
     def test_float_einsum_is_left_alone(self):
         w = torch.randn(N, K, dtype=BF16)
-        gm = trace_for_inductor(lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.randn(6, K, dtype=BF16), w)
+        gm = trace_for_inductor(
+            lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.randn(6, K, dtype=BF16), w
+        )
         assert einsum_to_mm(gm.graph) == 0
         assert any(n.target is torch.ops.aten.bmm.default for n in gm.graph.nodes)
 
@@ -120,3 +123,58 @@ def test_einsum_exported_with_a_dynamic_batch(tmp_path):
         x = torch.randn(m, K, dtype=BF16, generator=torch.Generator().manual_seed(m))
         ref = _reference(x)
         assert ((runner(x).double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# F.linear on a 3-D activation that is not viewable as [B*S, K]: Inductor multiplies bmm(x, w.expand(B, K, N)).
+BATCHED_VIEWS = {
+    "transposed": lambda g: torch.randn(5, 3, K, dtype=BF16, generator=g).transpose(0, 1),
+    "expanded": lambda g: torch.randn(1, 3, K, dtype=BF16, generator=g).expand(4, 3, K),
+    "permuted_sliced": lambda g: torch.randn(3, 8, K, dtype=BF16, generator=g).permute(1, 0, 2)[::2],
+}
+
+
+def _woq_linear(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, W.to(x.dtype)) * S
+
+
+@pytest.mark.parametrize("view", list(BATCHED_VIEWS))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_woq_on_a_non_viewable_3d_activation_is_lowered(view, dynamic):
+    x = BATCHED_VIEWS[view](torch.Generator().manual_seed(4))
+    gm = trace_for_inductor(_woq_linear, x, dynamic=dynamic)
+    assert any(n.target is torch.ops.aten.bmm.default for n in gm.graph.nodes)  # the form this is about
+    report = apply_pass(gm)
+    (d,) = report.entries
+    assert d.family == "woq_int8" and d.lowered, report.table()
+    assert not any(n.target is torch.ops.aten.bmm.default for n in gm.graph.nodes)
+    torch._dynamo.reset()
+    out = torch.compile(_woq_linear, options=qlower.inductor_options(), dynamic=dynamic)(x).double()
+    ref = _reference(x)
+    assert out.shape == ref.shape and ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_mx_on_a_transposed_3d_activation_is_lowered():
+    q, e = fmt.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(2)) * K**-0.5, "e4m3")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, fmt.dequantize(q, e, "e4m3", BF16))
+
+    x = BATCHED_VIEWS["transposed"](torch.Generator().manual_seed(5))
+    out = torch.compile(f, options=qlower.inductor_options())(x).double()
+    (d,) = qlower.last_report().entries
+    assert d.family == "mx" and d.lowered, qlower.last_report().table()
+    ref = (x.double().reshape(-1, K) @ fmt.dequantize_f64(q, e, "e4m3").t()).reshape(3, 5, N)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_float_linear_on_a_transposed_activation_is_left_alone():
+    w = torch.randn(N, K, dtype=BF16)
+    x = BATCHED_VIEWS["transposed"](torch.Generator().manual_seed(6))
+    gm = trace_for_inductor(lambda x, w: torch.nn.functional.linear(x, w), x, w)
+    assert shared_weight_bmm_to_mm(gm.graph) == 0
+
+
+def test_truly_batched_weights_are_left_alone():
+    w3 = torch.randint(-127, 128, (3, K, N), dtype=torch.int8)
+    gm = trace_for_inductor(lambda x: torch.bmm(x, w3.to(BF16)), torch.randn(3, 5, K, dtype=BF16))
+    assert shared_weight_bmm_to_mm(gm.graph) == 0

@@ -1,0 +1,79 @@
+"""Greedy `generate` on a tiny HF decoder quantized by torchao, compiled with qlower, against eager — per family.
+
+`generate` runs a prefill (M = prompt length) and then decode steps at M = 1 against a KV cache, so it checks the
+shapes a linear-level test at one M misses (the M = 1 graphs Inductor decomposes differently, recompiles with a
+symbolic length). Tokens must equal eager's wherever eager's own choice is not a near-tie.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hf_models import tiny_decoder
+
+import qlower
+
+transformers = pytest.importorskip("transformers")
+torchao_quant = pytest.importorskip("torchao.quantization")
+
+PROMPT, NEW_TOKENS = 6, 8
+
+
+def _config(family: str):
+    if family == "woq_int8":
+        return torchao_quant.Int8WeightOnlyConfig()
+    if family == "dynamic_int8":
+        return torchao_quant.Int8DynamicActivationInt8WeightConfig()
+    mx = pytest.importorskip("torchao.prototype.mx_formats")
+    from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    return mx.MXDynamicActivationMXWeightConfig(
+        activation_dtype=torch.float8_e4m3fn,
+        weight_dtype=torch.float8_e4m3fn,
+        kernel_preference=KernelPreference.EMULATED,
+        scaling_mode=ScaleCalculationMode.RCEIL,
+    )
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = model.generate(
+        ids,
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    return out.sequences[:, PROMPT:], torch.stack(out.logits, 1).float()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["woq_int8", "dynamic_int8", "mx"])
+def test_greedy_generate_matches_eager(family):
+    dtype = torch.bfloat16 if family == "mx" else torch.float32
+    model = tiny_decoder("qwen2" if family == "mx" else "llama", dtype)  # torchao MX: see test_hf_mx.py
+    torchao_quant.quantize_(model, _config(family))
+    compiled = copy.deepcopy(model)
+    compiled.forward = torch.compile(compiled.forward, options=qlower.inductor_options())
+    ids = torch.randint(1, 256, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        want, want_scores = _greedy(model, ids)
+        got, got_scores = _greedy(compiled, ids)
+    lowered = [d for r in qlower.all_reports() for d in r if d.family == family and d.lowered]
+    assert lowered, "no linear of the model was lowered"
+    assert {d.shape[0] for d in lowered} & {1, PROMPT} or any(not isinstance(d.shape[0], int) for d in lowered)
+    same = (want == got)[0]
+    if not bool(same.all()):  # the first divergence must be a near-tie in eager's own logits
+        step = int((~same).nonzero()[0])
+        top2 = want_scores[0, step].topk(2).values
+        gap = float(top2[0] - top2[1])
+        assert gap < 1e-2 * float(want_scores[0, step].abs().max()), (family, step, want, got)
+        same = same[:step]
+    # the logits of every step up to the first divergence stay close to eager's
+    steps = len(same)
+    err = (got_scores[0, :steps] - want_scores[0, :steps]).norm() / want_scores[0, :steps].norm()
+    assert float(err) < (5e-2 if family == "mx" else 1e-3), float(err)
