@@ -1,7 +1,9 @@
-"""The README's AOTInductor and onboarding examples run as written (each section in a fresh process)."""
+"""The README's AOTInductor and onboarding examples run as written: each section's Python code in a fresh
+process, then its shell blocks in the same folder (the serving recipe loads the package the Python exported)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,11 +13,14 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 _HEADING = re.compile(r"^(#+)\s+(.*?)\s*$")
-_FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
-def section_code(title: str, text: str) -> str:
-    """The python code blocks under the heading `title`, up to the next heading of the same or higher level."""
+def _fence(lang: str) -> re.Pattern[str]:
+    return re.compile(rf"^```{lang}\n(.*?)^```", re.S | re.M)
+
+
+def section_code(title: str, text: str, lang: str = "python") -> str:
+    """The `lang` code blocks under the heading `title`, up to the next heading of the same or higher level."""
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
         m = _HEADING.match(line)
@@ -29,7 +34,9 @@ def section_code(title: str, text: str) -> str:
                 ),
                 len(lines),
             )
-            blocks = _FENCE.findall("".join(lines[i + 1 : end]))
+            blocks = _fence(lang).findall("".join(lines[i + 1 : end]))
+            if lang != "python":
+                return "\n".join(blocks)
             assert blocks, f"no python example under '{title}'"
             return "\n".join(blocks)
     raise AssertionError(f"README has no heading '{title}'")
@@ -39,12 +46,38 @@ def test_section_code_stops_at_the_next_heading():
     text = "## A\n```python\na = 1\n```\n### A.1\n```python\nb = 2\n```\n## B\n```python\nc = 3\n```\n"
     assert section_code("A", text) == "a = 1\n\nb = 2\n"
     assert section_code("A.1", text) == "b = 2\n"
+    assert section_code("A", text + "```bash\necho c\n```\n", "bash") == ""  # that block is under B
+    assert section_code("B", text + "```bash\necho c\n```\n", "bash") == "echo c\n"
 
 
 @pytest.mark.parametrize("title", ["Export with AOTInductor", "Onboarding a new backend"])
 def test_readme_example_runs(title, tmp_path):
-    code = section_code(title, README.read_text())
+    text = README.read_text()
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", section_code(title, text)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, f"{title}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    shell = section_code(title, text, "bash")
+    if shell:  # `python` in the README is this interpreter
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", shell],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"{title} (shell):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+def test_export_section_serves_without_qlower():
+    """The serving recipe runs the package in a process that never imports qlower."""
+    shell = section_code("Export with AOTInductor", README.read_text(), "bash")
+    serve = shell[shell.index('python -c "') :]
+    assert "import qlower" not in serve and "load_library('./libqlower_ops.so')" in serve
+    assert serve.index("load_library") < serve.index("aoti_load_package")

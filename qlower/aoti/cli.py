@@ -4,6 +4,7 @@ python -m qlower shims --device xpu --out DIR                 # DIR/qlower_c_shi
 python -m qlower shims --device xpu --out DIR --form extend   # DIR/torch/csrc/.../extend/c_shim_xpu.h + DIR/c_shim_xpu.cpp
 python -m qlower shims --check-lock                           # exit 1 if a locked declaration changed
 python -m qlower shims --update-lock                          # append new declarations to the lock
+python -m qlower ops-library --out DIR                        # DIR/libqlower_ops.so, to serve without qlower
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import abi_lock, codegen, ops
+import torch
+
+from . import abi_lock, build, codegen, ops
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `shims` and `ops-library` commands."""
+    _add_ops_library_parser(sub)
     p = sub.add_parser("shims", help="generate AOTInductor C shims for a device; check the ABI lock")
     p.add_argument(
         "--device", action="append", help="device type (repeatable; default for the lock: cpu, cuda, xpu)"
@@ -39,6 +45,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check-lock", action="store_true", help="exit 1 when the generated ABI breaks the lock")
     p.add_argument("--update-lock", action="store_true", help="append new declarations to the lock")
     p.set_defaults(func=run)
+
+
+def _add_ops_library_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ops-library", help="write libqlower_ops.so: qlower's ops in C++, to serve packages without qlower"
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder to copy libqlower_ops.so into")
+    p.set_defaults(func=run_ops_library)
+
+
+def run_ops_library(args: argparse.Namespace) -> int:
+    """Build (or reuse) the ops library and copy it to `--out`: it is loaded where qlower's Python is absent."""
+    lib = build.ops_library()
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = args.out / lib.path.name
+    shutil.copyfile(lib.path, target)
+    print(f"wrote {target} (for torch {torch.__version__}; never load it next to `import qlower`)")
+    return 0
 
 
 def write(

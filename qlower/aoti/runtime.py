@@ -5,7 +5,8 @@ Inductor calls a custom op through a C shim only when `aot_inductor.custom_ops_t
 executor. `qlower.inductor_options()` carries its own copies of both entries, and QLowerPass calls
 `prepare_compile` after lowering: in a C++-wrapper compile (AOTInductor, cpp_wrapper) that emitted qlower ops,
 it builds the device's shim library once (cached on disk) and adds it to those copies, never to Inductor's
-global config.
+global config. The wrapper links the library's static archive: the shims live inside the package, which
+loads wherever it is copied, on any process where qlower's ops are registered (tests/test_aoti_portable.py).
 `QLOWER_AOTI_SHIMS=0` turns this off (proxy executor).
 """
 

@@ -1,0 +1,224 @@
+"""AOTInductor packages that call qlower's C shims load wherever they are copied.
+
+One package (woq-int8, dynamic batch: its wrapper calls `aoti_torch_cpu_woq_int8_mm_by_m`) is exported with
+a private qlower cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
+then runs in a fresh process, in that folder, with `QLOWER_CACHE_DIR` pointing at a new empty directory:
+- with `import qlower` (its Python kernels serve the ops);
+- without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the README's recipe).
+Both match eager at M = 1 (packed kernel) and M = 300 (dequant + GEMM). One AOTI compile on CPU; on CUDA
+(gpu) one per family, loaded with `import qlower`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from aoti_cuda import needs_cuda_package_load
+from test_aoti_export import quantized_mlp
+from torch import nn
+
+import qlower
+from qlower.aoti import cli
+
+BF16 = torch.bfloat16
+K, N = 512, 256
+SIZES = (1, 300)  # either side of the CPU by-M crossover (64)
+SHIM = "aoti_torch_cpu_woq_int8_mm_by_m"
+
+
+class Int8Linear(nn.Module):
+    """gpt-fast's weight-only int8 linear."""
+
+    def __init__(self, w: torch.Tensor, s: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("w", w)
+        self.register_buffer("s", s)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w.to(x.dtype)) * self.s
+
+
+@dataclass
+class Moved:
+    folder: Path  # holds model.pt2, io.pt (inputs, eager outputs) and libqlower_ops.so, nothing else
+    report: qlower.Report
+    wrapper: str
+    export_cache: Path  # deleted
+
+
+def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: bool = False) -> Moved:
+    """Export `model` (dynamic batch) with a private qlower cache, copy the package into a fresh folder with
+    the eager outputs at every M in SIZES, and delete the export's cache and folder."""
+    export_dir, export_cache, folder = root / "export", root / "export_cache", root / "elsewhere"
+    export_dir.mkdir()
+    folder.mkdir()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QLOWER_CACHE_DIR", str(export_cache))
+        qlower.clear_reports()
+        opts = qlower.inductor_options(force_disable_caches=True)  # the pass must run: no Inductor cache hit
+        path = torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(export_dir / "model.pt2"), inductor_configs=opts
+        )
+        report = qlower.last_report()
+        if ops_library:
+            assert cli.main(["ops-library", "--out", str(folder)]) == 0
+    with zipfile.ZipFile(path) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
+        wrapper = z.read(name).decode()
+    xs = [torch.randn(m, *x.shape[1:], dtype=x.dtype, device=x.device) for m in SIZES]
+    with torch.no_grad():
+        torch.save({"x": xs, "want": [model(x) for x in xs]}, folder / "io.pt")
+    shutil.copy(path, folder / "model.pt2")
+    shutil.rmtree(export_cache)
+    shutil.rmtree(export_dir)
+    return Moved(folder, report, wrapper, export_cache)
+
+
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory) -> Moved:
+    torch.manual_seed(0)
+    model = Int8Linear(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=BF16) / 64)
+    x = torch.randn(8, K, dtype=BF16)
+    return export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library=True)
+
+
+def run_fresh(moved: Moved, script: str, tmp_path: Path) -> list[torch.Tensor]:
+    """Run `script` in a fresh process inside the package's folder with an empty qlower cache; its outputs."""
+    empty = tmp_path / "empty_cache"
+    empty.mkdir()
+    env = {**os.environ, "QLOWER_CACHE_DIR": str(empty)}
+    env.pop("LD_LIBRARY_PATH", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "out.pt")],
+        cwd=moved.folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == "ok", proc.stdout[-2000:]
+    assert not moved.export_cache.exists()
+    assert not list(empty.iterdir()), "loading a package built something: it must not need a compiler"
+    return torch.load(tmp_path / "out.pt")
+
+
+def assert_matches_eager(moved: Moved, outs: list[torch.Tensor]) -> None:
+    io = torch.load(moved.folder / "io.pt")
+    assert len(outs) == len(SIZES)
+    for m, got, want in zip(SIZES, outs, io["want"], strict=True):
+        assert got.shape == want.shape and got.shape[0] == m and got.dtype == want.dtype
+        err = (got.float() - want.float()).abs().max().item()
+        assert err <= 0.02 * want.float().abs().max().item(), f"M={m}: max error {err}"
+
+
+def wrapper_library(moved: Moved, tmp_path: Path) -> Path:
+    """The package's one shared library (its wrapper), extracted."""
+    with zipfile.ZipFile(moved.folder / "model.pt2") as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".so")]
+        return Path(z.extract(name, tmp_path))
+
+
+def _elf(args: list[str], path: Path) -> str:
+    proc = subprocess.run([*args, str(path)], capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+def test_the_package_calls_qlower_through_its_c_shim(moved):
+    assert [d.lowering for d in moved.report.lowered] == ["qlower.woq_int8_mm_by_m"], moved.report.table()
+    assert f"AOTI_TORCH_ERROR_CODE_CHECK({SHIM}(" in moved.wrapper
+    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
+
+
+_WITH_QLOWER = """
+import sys, torch, qlower
+runner = torch._inductor.aoti_load_package("model.pt2")
+with torch.no_grad():
+    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
+print("ok")
+"""
+
+
+def test_moved_package_loads_with_import_qlower_and_an_empty_cache(moved, tmp_path):
+    assert_matches_eager(moved, run_fresh(moved, _WITH_QLOWER, tmp_path))
+
+
+_WITHOUT_QLOWER = """
+import sys
+sys.modules["qlower"] = None  # any import of qlower fails
+import torch
+torch.ops.load_library("./libqlower_ops.so")
+runner = torch._inductor.aoti_load_package("model.pt2")
+with torch.no_grad():
+    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
+assert not any(m.startswith("qlower.") for m in sys.modules)
+print("ok")
+"""
+
+
+def test_moved_package_serves_without_qlower_python_on_the_ops_library(moved, tmp_path):
+    assert_matches_eager(moved, run_fresh(moved, _WITHOUT_QLOWER, tmp_path))
+
+
+_NEITHER = """
+import sys
+sys.modules["qlower"] = None
+import torch
+runner = torch._inductor.aoti_load_package("model.pt2")
+try:
+    runner(torch.load("io.pt")["x"][0])
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def test_without_registered_ops_the_package_raises_naming_the_op(moved):
+    """Neither `import qlower` nor the ops library: an exception that names the op, never a crash."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_NEITHER)],
+        cwd=moved.folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Could not find schema for qlower::woq_int8_mm_by_m" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_path):
+    """The shims are linked into the package's own wrapper: no qlower library, no path of the export machine."""
+    so = wrapper_library(moved, tmp_path)
+    dynamic = _elf(["readelf", "-d"], so)
+    assert "qlower" not in dynamic, dynamic  # no NEEDED libqlower_*, no RPATH/RUNPATH into a qlower cache
+    assert str(moved.export_cache) not in so.read_bytes().decode("latin-1")
+    assert f" {SHIM}\n" in _elf(["nm", "--defined-only"], so)
+    # hidden: another package's copy of the same shim (or a loaded shim library) cannot take its place
+    assert f" {SHIM}\n" not in _elf(["nm", "-D", "--defined-only"], so)
+
+
+@pytest.mark.gpu
+@needs_cuda_package_load
+@pytest.mark.parametrize("family", list(qlower.FAMILIES))
+def test_moved_cuda_package_loads_with_import_qlower_and_an_empty_cache(family, tmp_path):
+    """CUDA wrappers link the same way: the qlower ops a family emits there are called through shims inside."""
+    root = tmp_path / "export_root"
+    root.mkdir()
+    moved = export_and_move(
+        quantized_mlp(family, "cuda"), torch.randn(4, 64, dtype=BF16, device="cuda"), root
+    )
+    assert len(moved.report.lowered) == 2, moved.report.table()
+    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
+    assert "qlower" not in _elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
+    assert_matches_eager(moved, run_fresh(moved, _WITH_QLOWER, tmp_path))
