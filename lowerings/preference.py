@@ -19,3 +19,24 @@ class KernelPreference(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.name
+
+
+def parse_preference(value: object, argument: str = "kernel_preference") -> KernelPreference:
+    """`value` as a KernelPreference: the enum itself, or its name or value as a string in any case.
+
+    Anything else is a clear error naming `argument`, what was given and the valid choices (a bare
+    `KernelPreference[...]` lookup gave a KeyError without them).
+    """
+    if isinstance(value, KernelPreference):
+        return value
+    choices = ", ".join(p.name for p in KernelPreference)
+    if not isinstance(value, str):
+        raise TypeError(
+            f"qlower: {argument} must be a qlower.KernelPreference or one of the strings {choices} "
+            f"(any case), got {type(value).__name__} {value!r}"
+        )
+    by_text = {p.name.lower(): p for p in KernelPreference} | {p.value.lower(): p for p in KernelPreference}
+    found = by_text.get(value.strip().lower())
+    if found is None:
+        raise ValueError(f"qlower: unknown {argument} {value!r}; valid choices: {choices} (any case)")
+    return found

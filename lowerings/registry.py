@@ -132,7 +132,8 @@ def choose(record: QuantLinear, preference: KernelPreference) -> Choice:
             return Choice(None, (), reason)
         raise UnsupportedPlatformError(
             f"qlower: platform unsupported: device={device}, family={record.family}, "
-            f"kernel_preference={preference}: {reason}"
+            f"kernel_preference={preference}, shape (M, K, N)={record.shape}, dtype={record.compute_dtype}: "
+            f"{reason}. Preferences that work here: AUTO (leaves it unlowered)."
         )
     family = _family_lowerings(backend, record.family)
     wanted = family if preference is KernelPreference.AUTO else [lw for lw in family if lw.kind is preference]

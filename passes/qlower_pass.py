@@ -18,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.lowerings.preference import parse_preference
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
@@ -50,7 +51,7 @@ class QLowerPass(CustomGraphPass):
         if unknown:
             raise ValueError(f"qlower: unknown families {unknown}; known: {sorted(FAMILIES)}")
         self.families = tuple(families)
-        self.preference = KernelPreference(preference)
+        self.preference = parse_preference(preference)
 
     def __repr__(self) -> str:
         return f"QLowerPass(families={self.families}, kernel_preference={self.preference})"
@@ -118,7 +119,11 @@ class QLowerPass(CustomGraphPass):
         )
 
     def uuid(self) -> str:
-        """Cache key: qlower's sources, the options, the registered lowerings and the env that steers choices."""
+        """Cache key: qlower's sources, the options, the registered lowerings and the env that steers choices.
+
+        Inductor's caches ask for it in every compile that carries this pass, before a lookup that may skip
+        the pass: that opens the compile's report (passes/report.py `note_compile`)."""
+        reporting.note_compile()
         h = hashlib.sha256(get_hash_for_files(_source_files()))
         env = tuple(os.environ.get(name) for name in DECISION_ENV)
         h.update(repr((self.families, self.preference.value, fingerprint(), env)).encode())

@@ -3,6 +3,7 @@
 `QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO. `QLOWER_DUMP_GRAPHS=DIR` writes every
 graph the pass receives, before any rewrite, to DIR/graph_<pid>_<n>.txt (one line per node with its dtype and
 shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
+One report per compile whose Inductor config carries qlower's pass (`note_compile`, `start_graph`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,9 @@ if os.environ.get("QLOWER_LOG", "") not in ("", "0") and not log.handlers:
 
 def _node_line(node: Any) -> str:
     val = node.meta.get("val")
-    desc = f"{val.dtype}{list(val.shape)} strides={list(val.stride())}" if isinstance(val, torch.Tensor) else ""
+    desc = (
+        f"{val.dtype}{list(val.shape)} strides={list(val.stride())}" if isinstance(val, torch.Tensor) else ""
+    )
     if node.op in ("call_function", "call_method"):
         call = f"{getattr(node.target, '__name__', node.target)}{node.args}"
         if node.kwargs:
@@ -74,9 +78,8 @@ class Report:
 
     compile_id: str | None
     entries: list[Decision] = field(default_factory=list)
-    # False when a compile started but qlower's pass never ran in it: Inductor served the graph from its
-    # FX-graph / AOTAutograd cache (decisions were made, and reported, when it was first compiled), or the
-    # backend was not Inductor.
+    # False when a compile that carried qlower's pass never ran it: Inductor served the graph whole from its
+    # AOTAutograd cache (decisions were made, and reported, when it was first compiled).
     pass_ran: bool = True
 
     def __iter__(self):
@@ -110,7 +113,8 @@ class Report:
         if not self.pass_ran:
             return (
                 f"qlower report (compile {self.compile_id}): qlower's pass did not run in this compile "
-                "(served from Inductor's FX-graph/AOTAutograd cache, or not compiled by Inductor)"
+                "(served whole from Inductor's AOTAutograd cache; its decisions were reported when it was "
+                "first compiled)"
             )
         if not rows:
             return f"qlower report (compile {self.compile_id}): no candidate linears"
@@ -129,9 +133,10 @@ class Report:
 
 _lock = threading.Lock()
 _reports: list[Report] = []
-
-
-_last_context: list[object] = []
+# The report of each compile that carried qlower's pass, by the compile's TracingContext (one per Dynamo
+# compile; a lazily compiled backward runs under its forward's context again). Weak: a context is freed
+# with its compile.
+_by_context: weakref.WeakKeyDictionary[object, Report] = weakref.WeakKeyDictionary()
 
 
 def _current_compile() -> tuple[str | None, object | None]:
@@ -145,38 +150,37 @@ def _append(report: Report) -> None:
     del _reports[:-64]
 
 
-def _on_compile_start(args: object) -> None:
-    """Dynamo starts a compile: open its report now, so a compile the pass never sees still has one."""
+def note_compile() -> None:
+    """A compile whose Inductor config carries qlower's pass asks for the pass's cache key: open its report.
+
+    The FX-graph and AOTAutograd caches key on `QLowerPass.uuid()` before they look up a graph, so a compile
+    they serve whole, which never runs the pass, still gets a report saying so (`pass_ran=False`). Compiles
+    without qlower's pass never get here (tests/test_report_and_errors.py::test_unrelated_compile_*), and a
+    lazy backward finds its forward's report open already
+    (tests/test_report_and_errors.py::test_report_after_backward_*).
+    """
+    cid, context = _current_compile()
+    if context is None:  # not inside a compile: the key asked for by hand
+        return
     with _lock:
-        _append(Report(str(getattr(args, "compile_id", None)), pass_ran=False))
-        _last_context[:] = []
+        if context not in _by_context:
+            report = Report(cid, pass_ran=False)
+            _by_context[context] = report
+            _append(report)
 
 
 def start_graph() -> Report:
     """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
     cid, context = _current_compile()
     with _lock:
-        last = _reports[-1] if _reports else None
-        if last is not None and not last.pass_ran:  # opened by Dynamo's compile-start callback
-            last.pass_ran = True
-            _last_context[:] = [context]
-            return last
-        same = last is not None and context is not None and _last_context and _last_context[0] is context
-        if not same:
-            _append(Report(cid))
-            _last_context[:] = [context]
-        return _reports[-1]
-
-
-def watch_compiles() -> None:
-    """Open a report at every Dynamo compile start (idempotent; `torch._dynamo.reset()` drops callbacks, so
-    `inductor_options()` calls this before each compile it configures)."""
-    handler = torch._dynamo.callback_handler
-    if _on_compile_start not in handler.start_callbacks:
-        handler.register_start_callback(_on_compile_start)
-
-
-watch_compiles()
+        report = _by_context.get(context) if context is not None else None
+        if report is None:
+            report = Report(cid)
+            _append(report)
+            if context is not None:
+                _by_context[context] = report
+        report.pass_ran = True
+        return report
 
 
 def add(report: Report, decision: Decision) -> None:
@@ -204,7 +208,10 @@ def add(report: Report, decision: Decision) -> None:
 
 
 def last_report() -> Report:
-    """Decisions of the most recent compile that ran qlower's pass (empty if none has run)."""
+    """The report of the most recent compile that carried qlower's pass (empty if none has run).
+
+    Compiles without qlower's options leave it alone; a lazily compiled backward adds its rows, if the pass
+    ran in it, to its forward's report instead of opening a new one."""
     with _lock:
         return _reports[-1] if _reports else Report(None)
 
@@ -217,4 +224,4 @@ def all_reports() -> list[Report]:
 def clear_reports() -> None:
     with _lock:
         _reports.clear()
-        _last_context.clear()
+        _by_context.clear()

@@ -7,8 +7,39 @@ from typing import Any
 
 from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
-from qlower.passes import QLowerPass, report
+from qlower.lowerings.preference import parse_preference
+from qlower.passes import QLowerPass
 from qlower.patterns import FAMILIES
+
+
+def parse_families(families: Iterable[str] | None) -> tuple[str, ...]:
+    """The family names `families` stands for (None: all), checked, in the given order without repeats.
+
+    A bare string is refused: iterating it would give one "family" per character.
+    """
+    valid = ", ".join(sorted(FAMILIES))
+    if families is None:
+        return tuple(FAMILIES)
+    if isinstance(families, (str, bytes)):
+        raise TypeError(
+            f"qlower: families must be an iterable of family names, not a single string: got {families!r}; "
+            f"write families=[{families!r}] (valid names: {valid})"
+        )
+    if not isinstance(families, Iterable):
+        raise TypeError(
+            f"qlower: families must be None or an iterable of family names ({valid}), "
+            f"got {type(families).__name__} {families!r}"
+        )
+    names = tuple(families)
+    wrong_type = [f for f in names if not isinstance(f, str)]
+    if wrong_type:
+        raise TypeError(f"qlower: families must hold family names (str) from {valid}; got {wrong_type!r}")
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        raise ValueError(
+            f"qlower: unknown families {unknown} in families={list(names)!r}; valid names: {valid}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def inductor_options(
@@ -24,15 +55,14 @@ def inductor_options(
     family qlower has; extra keyword arguments are further Inductor config entries. Note: to freeze module
     weights set `torch._inductor.config.freezing = True` globally; Dynamo lifts parameters as graph inputs
     before per-compile options apply, so `freezing=True` here does not fold weights (qlower detects this).
+    Bad `families` or `kernel_preference` values raise TypeError / ValueError naming the valid choices.
     """
-    report.watch_compiles()  # so a compile served from cache still gets an (honest, empty) report
-    fams = tuple(FAMILIES) if families is None else tuple(families)
-    if isinstance(kernel_preference, str) and not isinstance(kernel_preference, KernelPreference):
-        kernel_preference = KernelPreference[kernel_preference.upper()]
+    fams = parse_families(families)
+    preference = parse_preference(kernel_preference)
     if "joint_custom_pre_pass" in inductor_config:
         raise ValueError(
             "qlower.inductor_options: joint_custom_pre_pass is qlower's hook; chain your pass elsewhere"
         )
     # AOTInductor: the pass fills these per compile with qlower's C shims (qlower/aoti/runtime.py).
     aoti = aoti_runtime.config_entries()
-    return {"joint_custom_pre_pass": QLowerPass(fams, kernel_preference), **aoti, **inductor_config}
+    return {"joint_custom_pre_pass": QLowerPass(fams, preference), **aoti, **inductor_config}
