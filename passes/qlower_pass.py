@@ -56,6 +56,18 @@ class QLowerPass(CustomGraphPass):
     def __repr__(self) -> str:
         return f"QLowerPass(families={self.families}, kernel_preference={self.preference})"
 
+    def __eq__(self, other: object) -> bool:
+        """Passes of equal configuration are one backend to Dynamo: `torch.compile(options=d)` compares the
+        options dicts (`BACKEND_MATCH`), so blocks compiled one by one with equal `inductor_options(...)`
+        share one graph instead of hitting the recompile limit (tests/test_per_block_compile.py)."""
+        return type(other) is type(self) and self._config() == other._config()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._config())
+
+    def _config(self) -> tuple[tuple[str, ...], str]:
+        return (self.families, self.preference.value)
+
     def __call__(self, graph: fx.Graph) -> None:
         report = reporting.start_graph()
         reporting.dump_graph(graph)
