@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
 from qlower.lowerings.preference import parse_preference
@@ -46,6 +48,7 @@ def inductor_options(
     *,
     families: Iterable[str] | None = None,
     kernel_preference: KernelPreference | str = KernelPreference.AUTO,
+    mode: str | None = None,
     **inductor_config: Any,
 ) -> dict[str, Any]:
     """Inductor options that install qlower's pass.
@@ -56,6 +59,10 @@ def inductor_options(
     weights set `torch._inductor.config.freezing = True` globally; Dynamo lifts parameters as graph inputs
     before per-compile options apply, so `freezing=True` here does not fold weights (qlower detects this).
     Bad `families` or `kernel_preference` values raise TypeError / ValueError naming the valid choices.
+
+    `mode` is `torch.compile`'s mode (`"reduce-overhead"`: CUDA graphs, `"max-autotune"`, ...), which
+    torch.compile refuses next to `options=`: its Inductor settings (`torch._inductor.list_mode_options`)
+    are merged into the dict instead; explicit keywords win over them.
     """
     fams = parse_families(families)
     preference = parse_preference(kernel_preference)
@@ -65,4 +72,18 @@ def inductor_options(
         )
     # AOTInductor: the pass fills these per compile with qlower's C shims (qlower/aoti/runtime.py).
     aoti = aoti_runtime.config_entries()
-    return {"joint_custom_pre_pass": QLowerPass(fams, preference), **aoti, **inductor_config}
+    return {
+        "joint_custom_pre_pass": QLowerPass(fams, preference),
+        **aoti,
+        **_mode_options(mode),
+        **inductor_config,
+    }
+
+
+def _mode_options(mode: str | None) -> dict[str, Any]:
+    if mode is None or mode == "default":
+        return {}
+    modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    if mode not in modes:
+        raise ValueError(f"qlower: unknown mode {mode!r}; torch.compile's modes: {', '.join(modes)}")
+    return dict(torch._inductor.list_mode_options(mode))
