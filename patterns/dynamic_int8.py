@@ -31,12 +31,16 @@ from .graph_utils import (
     FLOAT_DTYPES,
     MUL_OPS,
     VIEW_OPS,
+    Factor,
     aten,
     convert_target_dtype,
+    epilogue_factor,
+    factor_kind,
     has_single_user,
     is_call,
     is_static,
     is_transpose_2d,
+    keeps_rows,
     known_eq,
     tensor_devices,
     tensor_val,
@@ -140,53 +144,19 @@ def _reaches_int8(node: Any, depth: int = 8) -> bool:
     return _reaches_int8(node.args[0], depth - 1)
 
 
-def _factor_kind(f: Any, like: torch.Tensor, rows: Any) -> str | None:
-    """How a factor broadcasts against `like` [..., C]: 'row' (one value per leading index, `rows` in all),
-    'col' (one value per last-dim index), 'one' (a scalar), or None (anything else)."""
-    if _numel_one(f):
-        return "one"
-    v = tensor_val(_strip_expand(f))
-    if v is None or v.dim() > like.dim():
-        return None
-    shape = [1] * (like.dim() - v.dim()) + list(v.shape)
-    lead, last = shape[:-1], shape[-1]
-    if known_eq(last, 1) and all(known_eq(a, b) for a, b in zip(lead, like.shape[:-1], strict=True)):
-        return "row" if known_eq(v.numel(), rows) else None
-    if known_eq(last, like.shape[-1]) and all(known_eq(d, 1) for d in lead):
-        return "col"
-    return None
+def _operand_factor(factor: Any, data: Any, role: str, flips: int) -> Factor | str:
+    """An operand-side scale or zero point, proven per token on the activation, per output channel on the
+    weight (or per tensor), as its un-expanded source; else why not.
 
-
-def _strip_expand(f: Any) -> Any:
-    while is_call(f, (aten.expand.default,)):
-        f = f.args[0]
-    return f
-
-
-def _broadcast_ok(factor: Any, cur: fx.Node, role: str, flips: int) -> bool:
-    """An operand-side scale or zero point is per token on the activation, per output channel on the weight.
-
-    Walking back from the weight operand [K, N], `cur` is [K, N] after an even number of transposes
+    Walking back from the weight operand [K, N], `data` is [K, N] after an even number of transposes
     (per channel = varies along its last dim) and [N, K] after an odd one (varies along its first dim).
     """
-    v = tensor_val(cur)
-    if v is None:
-        return False
-    if _numel_one(factor):
-        return True
-    if role == "x":
-        return _per_token_nd(factor, v)
-    return _factor_kind(factor, v, v.shape[0]) == ("col" if flips % 2 == 0 else "row")
-
-
-def _per_token_nd(scale: Any, v: torch.Tensor) -> bool:
-    sv = tensor_val(scale)
-    return (
-        sv is not None
-        and sv.dim() == v.dim()
-        and known_eq(sv.shape[-1], 1)
-        and all(known_eq(a, b) for a, b in zip(sv.shape[:-1], v.shape[:-1], strict=True))
-    )
+    v = tensor_val(data)
+    found = factor_kind(factor, v) if v is not None else None
+    want = "row" if role == "x" or flips % 2 == 1 else "col"
+    if found is None or found.kind not in ("one", want):
+        return f"not per {'token' if role == 'x' else 'output channel'}"
+    return found
 
 
 def _trace_operand(operand: Any, role: str) -> _Operand | str | None:
@@ -229,9 +199,10 @@ def _trace_operand(operand: Any, role: str) -> _Operand | str | None:
             data, scale = (a, b) if _reaches_int8(a) else (b, a)
             if not _reaches_int8(data) or _reaches_int8(scale):
                 return None
-            if not _broadcast_ok(scale, cur, role, op.flips):
-                return f"scale is not per {'token' if role == 'x' else 'output channel'}"
-            op.scale = scale
+            factor = _operand_factor(scale, data, role, op.flips)
+            if isinstance(factor, str):
+                return f"scale is {factor}"
+            op.scale = factor.source
             op.nodes.append(cur)
             cur = data
             continue
@@ -239,9 +210,10 @@ def _trace_operand(operand: Any, role: str) -> _Operand | str | None:
             a, b = cur.args[:2]
             if not _reaches_int8(a) or _reaches_int8(b):
                 return None
-            if not _broadcast_ok(b, cur, role, op.flips):
-                return f"zero point is not per {'token' if role == 'x' else 'output channel'}"
-            op.zero_point = b
+            factor = _operand_factor(b, a, role, op.flips)
+            if isinstance(factor, str):
+                return f"zero point is {factor}"
+            op.zero_point = factor.source
             op.nodes.append(cur)
             cur = a
             continue
@@ -337,6 +309,7 @@ class _Epilogue:
     cancelled_shift: bool = False  # the u8s8 compensation `- shift * w.sum(0)` was found and consumed
     chain: list[fx.Node] = field(default_factory=list)
     output: fx.Node | None = None
+    blocker: fx.Node | None = None  # the single user the walk could not absorb, if it stopped at one
 
 
 def _shift_compensation(sub: fx.Node, acc: fx.Node, w_operand: fx.Node, shift: int) -> list[fx.Node] | None:
@@ -356,9 +329,10 @@ def _shift_compensation(sub: fx.Node, acc: fx.Node, w_operand: fx.Node, shift: i
 
 
 def _walk_epilogue(
-    mm: fx.Node, m: Any, w_operand: fx.Node, shift: int | None, need_row: bool, need_col: bool
+    mm: fx.Node, m: Any, n: int, w_operand: fx.Node, shift: int | None, need_row: bool, need_col: bool
 ) -> _Epilogue:
-    """Consume the rescale chain after the matmul: converts, views, the missing scales, then one bias.
+    """Consume the rescale chain after the matmul: converts, views that keep N, the missing scales (row,
+    column: `graph_utils.epilogue_factor`), then one bias.
 
     Stopping early is always correct: what is not consumed stays in the graph, applied to the lowered value.
     """
@@ -370,41 +344,57 @@ def _walk_epilogue(
         if uv is None:
             break
         consumed: list[fx.Node] = [user]
-        other = None
-        if is_call(user, (*MUL_OPS, *ADD_OPS)):
-            other = user.args[1] if user.args[0] is cur else user.args[0]
+        factor = epilogue_factor(user, cur, m)
         comp = _shift_compensation(user, mm, w_operand, shift) if shift is not None and cur is mm else None
         if comp is not None:
             ep.cancelled_shift = True
             consumed = comp
-        elif is_call(user, VIEW_OPS) and user.args[0] is cur:
+        elif keeps_rows(user, n) and user.args[0] is cur:
             ep.out_shape = list(user.args[1])
         elif convert_target_dtype(user) is not None and uv.dtype.is_floating_point:
             pass
-        elif is_call(user, MUL_OPS) and ep.bias is None and other is not cur:
-            kind = _factor_kind(other, uv, m)
-            if kind in ("row", "one") and need_row and ep.row_scale is None:
-                ep.row_scale = other
-            elif kind in ("col", "one") and need_col and ep.col_scale is None:
-                ep.col_scale = other
+        elif is_call(user, MUL_OPS) and ep.bias is None and factor is not None:
+            if factor.kind in ("row", "one") and need_row and ep.row_scale is None:
+                ep.row_scale = factor.source
+            elif factor.kind in ("col", "one") and need_col and ep.col_scale is None:
+                ep.col_scale = factor.source
             else:
                 break
         elif (
             is_call(user, ADD_OPS)
             and ep.bias is None
-            and user.kwargs.get("alpha", 1) == 1
-            and isinstance(other, fx.Node)
-            and other is not cur
-            and _factor_kind(other, uv, m) == "col"
+            and factor is not None
+            and factor.kind == "col"
+            and isinstance(factor.source, fx.Node)
             and (not need_row or ep.row_scale is not None)
         ):
-            ep.bias = other
+            ep.bias = factor.source
         else:
+            ep.blocker = user
             break
         ep.chain += consumed
         cur = user
     ep.output = cur
     return ep
+
+
+def _no_row_scale_reason(blocker: fx.Node | None, n: int) -> str:
+    """Why no per-token scale was found after the matmul: the op the epilogue walk stopped at, named."""
+    if blocker is None:
+        return "no per-token activation scale after the int matmul (an int-only matmul)"
+    bv = tensor_val(blocker)
+    what = f"{blocker.target}"
+    if is_call(blocker, VIEW_OPS):
+        shape = list(bv.shape) if bv is not None else "?"
+        return f"a view to {shape} changes the last dim (N = {n}) before any per-token scale"
+    if is_call(blocker, (*_SUB_OPS, *ADD_OPS)) and bv is not None and not bv.dtype.is_floating_point:
+        return (
+            f"the int matmul's product goes through {what}, an integer correction term dynamic_int8 does not "
+            "express (only the u8s8 shift's), before any per-token scale"
+        )
+    if is_call(blocker, MUL_OPS):
+        return "the int matmul's product is multiplied by a factor that is neither per token nor per channel"
+    return f"the int matmul's product goes through {what} before any per-token scale"
 
 
 def _describe_prologue(x_q: fx.Node) -> dict[str, Any]:
@@ -492,9 +482,17 @@ def _match(mm: fx.Node) -> Candidate | None:
     shift = -x_op.zero_point if x_op.via == "u8" else None
     if bias is not None and x_op.scale is None:
         return Rejection(reason="addmm adds its bias to an unscaled integer product", **base)
+    if bias is not None:
+        site_bias = factor_kind(bias, mmv)
+        if site_bias is None or site_bias.kind != "col" or not isinstance(site_bias.source, fx.Node):
+            return Rejection(
+                reason=f"addmm adds a {list(tensor_val(bias).shape)} tensor, not a per-channel bias", **base
+            )
+        bias = site_bias.source
     ep = _walk_epilogue(
         mm,
         m,
+        n,
         b,
         shift,
         need_row=x_op.scale is None and bias is None,
@@ -506,9 +504,7 @@ def _match(mm: fx.Node) -> Candidate | None:
     x_scale = x_op.scale if x_op.scale is not None else ep.row_scale
     w_scale = w_op.scale if w_op.scale is not None else ep.col_scale
     if x_scale is None:
-        return Rejection(
-            reason="no per-token activation scale after the int matmul (an int-only matmul)", **base
-        )
+        return Rejection(reason=_no_row_scale_reason(ep.blocker, n), **base)
     out = ep.output
     outv = tensor_val(out)
     assert out is not None and outv is not None

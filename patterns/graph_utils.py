@@ -75,18 +75,74 @@ def has_single_user(node: fx.Node) -> bool:
     return len(node.users) == 1
 
 
-def broadcasts_along_last_dim(other: Any, out: torch.Tensor) -> bool:
-    """True when `other` (a node or a Python number) varies at most along the last dim of `out`."""
-    if isinstance(other, (int, float)) and not isinstance(other, bool):
-        return True
-    v = tensor_val(other)
-    if v is None or v.dim() > out.dim():
-        return False
-    n = out.shape[-1]
-    shape = list(v.shape)
-    if not shape:
-        return True
-    return all(known_eq(s, 1) for s in shape[:-1]) and (known_eq(shape[-1], 1) or known_eq(shape[-1], n))
+EXPAND_OPS = (aten.expand.default,)
+
+
+def strip_expand(x: Any) -> Any:
+    """The tensor under any `expand`s: an expand only broadcasts, so its source carries the same meaning
+    in far fewer elements (what a record stores and an emitter reshapes)."""
+    while is_call(x, EXPAND_OPS):
+        x = x.args[0]
+    return x
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A scale, zero point or bias whose meaning against a [..., C] value is proven.
+
+    kind: "one" (a scalar), "col" (one value per last-dim index, numel C), "row" (one value per leading
+    index, last dim 1). `source` is the un-expanded node (or Python number) holding exactly those values.
+    """
+
+    kind: str
+    source: Any
+
+
+def factor_kind(factor: Any, like: torch.Tensor, rows: Any = None) -> Factor | None:
+    """How `factor` broadcasts against `like` [..., C] (eager's right-aligned broadcasting), or None.
+
+    A "row" factor must match every leading dim of `like` (and have numel `rows` when given): a [B, 1, 1]
+    factor against [B, S, C] varies along B only, which is neither per row nor per channel.
+    """
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        return Factor("one", factor)
+    source = strip_expand(factor)
+    v = tensor_val(source)
+    if v is None or v.dim() > like.dim():
+        return None
+    shape = [1] * (like.dim() - v.dim()) + list(v.shape)
+    if not all(known_eq(s, 1) or known_eq(s, d) for s, d in zip(shape, like.shape, strict=True)):
+        return None
+    if known_eq(v.numel(), 1):
+        return Factor("one", source)
+    lead, last = shape[:-1], shape[-1]
+    if known_eq(last, like.shape[-1]) and all(known_eq(s, 1) for s in lead):
+        return Factor("col", source)
+    same_rows = all(known_eq(s, d) for s, d in zip(lead, like.shape[:-1], strict=True))
+    if known_eq(last, 1) and same_rows and (rows is None or known_eq(v.numel(), rows)):
+        return Factor("row", source)
+    return None
+
+
+def keeps_rows(view: Any, n: Any) -> bool:
+    """A view of the [M, N] matmul output (or of such a view) that keeps N as its last dim: it only regroups
+    the M rows into leading dims, so per-row and per-channel factors after it keep their 2-D meaning. A view
+    that splits N into heads ([B, S, H, D]) changes what a factor over its last dim means."""
+    v = tensor_val(view)
+    return is_call(view, VIEW_OPS) and v is not None and v.dim() >= 1 and known_eq(v.shape[-1], n)
+
+
+def epilogue_factor(user: Any, cur: fx.Node, rows: Any) -> Factor | None:
+    """The factor of `user` = cur * f or cur + f (alpha 1) when its meaning on the 2-D [M, N] matmul output is
+    proven: `cur` is that output up to `keeps_rows` views, `user` has cur's shape (f does not broadcast it
+    up), and f is a scalar, a per-channel (numel N) or a per-row (numel `rows`) factor."""
+    if not is_call(user, (*MUL_OPS, *ADD_OPS)) or user.kwargs.get("alpha", 1) != 1 or len(user.args) != 2:
+        return None
+    a, b = user.args
+    cv = tensor_val(cur)
+    if (a is cur) == (b is cur) or cv is None:
+        return None
+    return factor_kind(b if a is cur else a, cv, rows)  # a factor never broadcasts cur up: same shape
 
 
 def known_eq(a: Any, b: Any) -> bool:

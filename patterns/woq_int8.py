@@ -20,16 +20,18 @@ from .graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     MUL_OPS,
-    VIEW_OPS,
     MatmulSite,
-    broadcasts_along_last_dim,
     convert_target_dtype,
+    epilogue_factor,
+    factor_kind,
     has_single_user,
     is_call,
     is_static,
     is_transpose_2d,
+    keeps_rows,
     known_eq,
     matmul_site,
+    strip_expand,
     tensor_devices,
     tensor_val,
 )
@@ -96,7 +98,7 @@ def _trace_weight(operand: fx.Node) -> _WeightPath | str | None:
                 data, scale = b, a
             else:
                 return None
-            path.scale, path.scale_flips = scale, path.flips
+            path.scale, path.scale_flips = strip_expand(scale), path.flips
             path.nodes.append(cur)
             cur = data
             continue
@@ -122,16 +124,24 @@ def _weight_scale_ok(path: _WeightPath, n: int) -> bool:
     return known_eq(other, 1) and (known_eq(shape[n_axis], n) or known_eq(shape[n_axis], 1))
 
 
-def _is_channel_vector(other: Any, out: torch.Tensor) -> bool:
-    """A per-output-channel scale or bias: a number, or a tensor of at most one dim along N.
+def _is_channel_vector(factor: Any) -> bool:
+    """Only 0-d/1-d tensors (or numbers) are this linear's scale or bias: at M = 1 a residual or a gate
+    activation ([1, 1, N]) is also a per-channel factor by shape, but it is an activation, not part of this
+    linear (tests/test_woq_patterns.py::test_residual_and_gate_at_m1_are_not_bias_or_scale)."""
+    v = tensor_val(factor)
+    return v is None or v.dim() <= 1
 
-    Only 0-d/1-d tensors qualify: at M = 1 a residual or a gate activation ([1, 1, N]) also broadcasts
-    along N alone, but it is an activation, not part of this linear.
-    """
-    v = tensor_val(other)
-    if v is not None and v.dim() > 1:
-        return False
-    return broadcasts_along_last_dim(other, out)
+
+def _site_bias(bias: Any, mmv: torch.Tensor) -> Any:
+    """The bias an `addmm` adds, as its per-channel (or scalar) source; a reason when it is anything else
+    (`addmm(residual [M, N], x, w)` is not a bias)."""
+    if bias is None:
+        return None
+    factor = factor_kind(bias, mmv)
+    if factor is None or factor.kind == "row" or not isinstance(factor.source, fx.Node):
+        shape = list(tensor_val(bias).shape) if tensor_val(bias) is not None else "?"
+        return f"addmm adds a {shape} tensor, not a per-channel bias"
+    return factor.source
 
 
 def _is_float_scalar_or_tensor(x: Any) -> bool:
@@ -160,6 +170,8 @@ def _match(site: MatmulSite) -> Candidate | None:
     n, k = (wv.shape[0], wv.shape[1]) if path.flips % 2 == 1 else (wv.shape[1], wv.shape[0])
     n, k = (int(n) if is_static(n) else n), (int(k) if is_static(k) else k)
     base["shape"] = (m, k, n)
+    if not (known_eq(n, mmv.shape[1]) and known_eq(k, xv.shape[1])):
+        return Rejection(reason=f"int8 weight {list(wv.shape)} is broadcast into the matmul operand", **base)
     if xv.dtype not in FLOAT_DTYPES:
         return Rejection(reason=f"activation dtype {xv.dtype} is not bf16/fp16/fp32", **base)
     if not _weight_scale_ok(path, n):
@@ -167,26 +179,24 @@ def _match(site: MatmulSite) -> Candidate | None:
             reason="weight scale does not broadcast per output channel (per-K or block scales)", **base
         )
 
-    # Walk forward: views, one per-channel multiply (if the weight carried none), one bias add.
-    scale, out_shape, cur = path.scale, None, mm
-    chain: list[fx.Node] = list(site.nodes)
+    site_bias = _site_bias(bias, mmv)
+    if isinstance(site_bias, str):
+        return Rejection(reason=site_bias, **base)
+    bias, scale, out_shape, cur, chain = site_bias, path.scale, None, mm, list(site.nodes)
+    # Walk forward: views that keep N, one per-channel multiply (if the weight carried none), one bias add.
     while has_single_user(cur):
         user = next(iter(cur.users))
-        uv = tensor_val(user)
-        if uv is None:
-            break
-        if is_call(user, VIEW_OPS) and user.args[0] is cur:
+        factor = epilogue_factor(user, cur, m)
+        if keeps_rows(user, n) and user.args[0] is cur:
             out_shape = list(user.args[1])
+        elif factor is None or factor.kind == "row" or not _is_channel_vector(factor.source):
+            break
         elif is_call(user, MUL_OPS) and scale is None and bias is None:
-            other = user.args[1] if user.args[0] is cur else user.args[0]
-            if other is cur or not _is_channel_vector(other, uv) or not _is_float_scalar_or_tensor(other):
+            if not _is_float_scalar_or_tensor(factor.source):
                 break
-            scale = other
-        elif is_call(user, ADD_OPS) and bias is None and user.kwargs.get("alpha", 1) == 1:
-            other = user.args[1] if user.args[0] is cur else user.args[0]
-            if other is cur or not isinstance(other, fx.Node) or not _is_channel_vector(other, uv):
-                break
-            bias = other
+            scale = factor.source
+        elif is_call(user, ADD_OPS) and bias is None and isinstance(factor.source, fx.Node):
+            bias = factor.source
         else:
             break
         chain.append(user)
