@@ -25,7 +25,12 @@ from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
-from .woq_int8_emit import emit_int8_weight_mm, emit_int8pack_mm, make_emit_int8pack_by_m
+from .woq_int8_emit import (
+    emit_int8_weight_mm,
+    emit_int8pack_mm,
+    make_emit_int8pack_by_m,
+    weight_scale_range_blocker,
+)
 
 # Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype. bf16, 1 thread
 # (session 2, once the float copy stopped page-faulting): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
@@ -41,7 +46,7 @@ def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:
         return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
     if rec.compute_dtype == torch.bfloat16 and rec.k % 16 != 0:
         return f"bf16 _weight_int8pack_mm on CPU needs K % 16 == 0 (K={rec.k}); it gives wrong numbers or crashes"
-    return None
+    return weight_scale_range_blocker(rec)
 
 
 def _supports_packed_static_m(rec: QuantLinear) -> str | None:
@@ -115,7 +120,8 @@ WOQ_INT8_SCRATCH_MM_CPU = Lowering(
     kind=KernelPreference.ATEN,
     supports=_supports_scratch_mm,
     emit=emit_int8_weight_mm,
-    doc="int8 weight converted into a reused per-thread buffer, float GEMM, scale in the epilogue",
+    doc="int8 weight converted (and scaled, where the graph scales it) into a reused per-thread buffer, float "
+    "GEMM, an output scale in the epilogue",
 )
 
 

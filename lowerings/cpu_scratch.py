@@ -28,3 +28,33 @@ def scratch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if buf is None or buf.numel() < numel:
         buf = buffers[dtype] = torch.empty(numel, dtype=dtype)
     return buf[:numel].view(shape)
+
+
+@torch.library.custom_op("qlower::int8_scaled_weight_mm", mutates_args=())
+def _int8_scaled_weight_mm(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, w_is_kn: bool, product_dtype: torch.dtype
+) -> torch.Tensor:
+    """x [M, K] @ (w * s) for a graph that scales the weight itself (`w.to(dtype) * s`), on CPU.
+
+    w int8 [N, K] (transposed) or [K, N] (`w_is_kn`); s broadcasts on w, in fp32 or wider, so the product
+    is exact before it is rounded once to `product_dtype`: the graph's own scaled weight, inf where the
+    graph's is (tests/test_dequant_range.py). It goes into a reused per-thread buffer, as in
+    `qlower::int8_weight_mm`, then into x's dtype if that differs, and a float GEMM reads it.
+    """
+    scaled = scratch(tuple(w.shape), product_dtype)
+    torch.mul(w, s, out=scaled)
+    if product_dtype != x.dtype:
+        converted = scratch(tuple(w.shape), x.dtype)
+        converted.copy_(scaled)
+        scaled = converted
+    return torch.mm(x, scaled if w_is_kn else scaled.t())
+
+
+@_int8_scaled_weight_mm.register_fake
+def _(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, w_is_kn: bool, product_dtype: torch.dtype
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[1] if w_is_kn else w.shape[0]))
+
+
+int8_scaled_weight_mm = torch.ops.qlower.int8_scaled_weight_mm.default

@@ -104,4 +104,6 @@ int8_weight_mm = torch.ops.qlower.int8_weight_mm.default
 
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
 # cache): they never reach a package, so they get no C shim and no C++ kernel.
-PYTHON_RUNTIME_ONLY = frozenset({"qlower::qlinear_u8_cached", "qlower::int8_weight_mm"})
+PYTHON_RUNTIME_ONLY = frozenset(
+    {"qlower::qlinear_u8_cached", "qlower::int8_weight_mm", "qlower::int8_scaled_weight_mm"}
+)

@@ -13,7 +13,7 @@ from torch import fx
 from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from qlower.patterns.graph_utils import aten, prims, tensor_val
+from qlower.patterns.graph_utils import MUL_OPS, aten, is_call, prims, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -89,6 +89,119 @@ def scale_vector(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
     elif v.dim() != 1:
         s = em.reshape(s, [rec.n])
     return em.contiguous(em.convert(s, dtype))
+
+
+_SCALE_LAYOUT_OPS = (
+    aten.expand.default,
+    aten.view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten._unsafe_view.default,
+)
+
+
+def _is_scale_operand(arg: Any, scale: Any) -> bool:
+    """Whether `arg` is the record's scale, up to the broadcasting views a graph puts around it."""
+    if not isinstance(scale, fx.Node):
+        return isinstance(arg, (int, float)) and not isinstance(arg, bool) and arg == scale
+    for _ in range(4):
+        if arg is scale:
+            return True
+        if not is_call(arg, _SCALE_LAYOUT_OPS):
+            return False
+        arg = arg.args[0]
+    return arg is scale
+
+
+def scale_multiply(rec: QuantLinear) -> tuple[fx.Node, Any] | None:
+    """(the graph's own multiply by `rec.weight_scale`, its other operand); None without a scale or a match."""
+    if rec.weight_scale is None:
+        return None
+    for node in rec.nodes:
+        if not is_call(node, MUL_OPS):
+            continue
+        a, b = node.args[:2]
+        if _is_scale_operand(b, rec.weight_scale):
+            return node, a
+        if _is_scale_operand(a, rec.weight_scale):
+            return node, b
+    return None
+
+
+def _depends_on(node: Any, target: fx.Node, budget: int = 64) -> bool:
+    """Whether `target` is `node` or among its inputs, breadth first (the matmul's input is a few steps
+    above an output-scale multiply's other operand; a weight-scale multiply's reaches only the weight)."""
+    todo, seen = [node], set()
+    while todo and len(seen) < budget:
+        cur = todo.pop(0)
+        if cur is target:
+            return True
+        if not isinstance(cur, fx.Node) or cur in seen:
+            continue
+        seen.add(cur)
+        todo.extend(cur.all_input_nodes)
+    return False
+
+
+def scale_on_weight(rec: QuantLinear) -> bool:
+    """Whether the graph multiplies the scale into the weight (`w.to(dtype) * s`) rather than into the matmul
+    result: then the scaled, rounded weight is what the user computed, overflow to inf included."""
+    found = scale_multiply(rec)
+    if found is None:
+        return "weight_scale" in rec.form.split("+")
+    return not _depends_on(found[1], rec.x)
+
+
+def product_dtype(rec: QuantLinear) -> torch.dtype:
+    """The dtype the graph's scale multiply rounds to (type promotion of the scale with its other operand,
+    0-d scales and Python numbers included); the compute dtype when there is no scale."""
+    found = scale_multiply(rec)
+    v = tensor_val(found[0]) if found is not None else None
+    if v is not None:
+        return v.dtype
+    sv = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
+    return rec.compute_dtype if sv is None else torch.promote_types(sv.dtype, rec.compute_dtype)
+
+
+def scale_fits(rec: QuantLinear, dtype: torch.dtype) -> bool:
+    """Whether every value the scale can hold is exactly a `dtype` value: a kernel taking the scale in `dtype`
+    then multiplies by the graph's own scale (an fp32 scale of 1e5 is inf in fp16; 0.1 rounds)."""
+    s = rec.weight_scale
+    if s is None:
+        return True
+    if isinstance(s, (int, float)):
+        return float(torch.tensor(float(s), dtype=dtype)) == float(s)
+    sv = tensor_val(s)
+    return sv is not None and torch.promote_types(sv.dtype, dtype) == dtype
+
+
+def _epilogue_scale(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> Any:
+    """The scale as a multiplier of the [M, N] result: a number as is, a one-element tensor as 0-d (a 0-d CPU
+    scale may mix with CUDA tensors; tests/test_registry.py::test_cuda_graph_with_cpu_scalar_scale), else [N]."""
+    s = rec.weight_scale
+    if isinstance(s, (int, float)):
+        return s
+    v = tensor_val(s)
+    if v is not None and v.numel() == 1:
+        return em.convert(em.reshape(s, []), dtype)
+    return scale_vector(em, rec, dtype)
+
+
+def scale_epilogue(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
+    """`core` (the matmul result, rounded to the compute dtype as the graph's matmul rounds it) times the
+    scale, as the graph computes `mm(...) * s`: the exact product in fp32 (or wider), rounded once to the
+    graph's product dtype. The scale never touches a low-precision weight, so nothing overflows that the
+    user's formula keeps finite (tests/test_dequant_range.py). The fp32 step also keeps the result out of
+    Inductor's own woq pattern (`mm(...) * bf16 scale` -> `_weight_int8pack_mm`, unchecked K)."""
+    if rec.weight_scale is None:
+        return core
+    out = product_dtype(rec)
+    wide = torch.promote_types(out, torch.float32)
+    scale = _epilogue_scale(em, rec, wide)
+    sv = tensor_val(scale) if isinstance(scale, fx.Node) else None
+    promotes = sv is not None and sv.dim() >= 1 and sv.dtype == wide  # mul(core, s) computes in `wide` itself
+    y = em.call(aten.mul.Tensor, core if promotes else em.convert(core, wide), scale)
+    return em.convert(y, out)
 
 
 def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:

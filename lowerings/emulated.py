@@ -25,7 +25,7 @@ WOQ_INT8_DEQUANT_MM = Lowering(
     kind=KernelPreference.EMULATED,
     supports=_always,
     emit=emit_dequant_mm,
-    doc="fused int8->float dequant (scale applied on the weight) + float GEMM",
+    doc="fused int8->float dequant + float GEMM, the scale where the graph puts it (weight or result)",
 )
 
 DYNAMIC_INT8_EMULATED = Lowering(

@@ -14,7 +14,7 @@ from .emulated import DYNAMIC_INT8_EMULATED, WOQ_INT8_DEQUANT_MM
 from .mx_lowerings import MX_EMULATED
 from .preference import KernelPreference
 from .registry import Lowering, register_backend
-from .woq_int8_emit import emit_int8pack_mm
+from .woq_int8_emit import emit_int8pack_mm, weight_scale_range_blocker
 
 _PACKED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -24,7 +24,7 @@ def _supports_packed(rec: QuantLinear) -> str | None:
         return "K or N is symbolic (dynamic weight shape)"
     if rec.compute_dtype not in _PACKED_DTYPES:
         return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
-    return None
+    return weight_scale_range_blocker(rec)
 
 
 WOQ_INT8_PACKED_XPU = Lowering(

@@ -61,14 +61,19 @@ add_tensor: bfloat16[4, 32] = aten.add.Tensor(_weight_int8pack_mm_default, arg3_
     def test_scale_n1_4d_fp16(self):
         model = WoqLinear(64, 32, torch.float16, form="scale_n1")
         text, report = lowered(model, torch.randn(1, 1, 1, 64, dtype=torch.float16))
-        self.assertEqual(report.entries[0].lowering, "aten._weight_int8pack_mm")
+        self.assertEqual(report.entries[0].lowering, "dequant_mm")  # fp16 weight scale: test_dequant_range.py
         self.assertExpectedInline(
             text,
             """\
 view: float16[1, 64] = aten.view(arg2_1, [1, 64])
-reshape_default: float16[32] = aten.reshape(arg1_1, [32])
-_weight_int8pack_mm_default: float16[1, 32] = aten._weight_int8pack_mm(view, arg0_1, reshape_default)
-reshape_default_1: float16[1, 1, 1, 32] = aten.reshape(_weight_int8pack_mm_default, [1, 1, 1, 32])""",
+convert_element_type_default: float32[32, 64] = prims.convert_element_type(arg0_1, float32)
+convert_element_type_default_1: float32[32, 1] = prims.convert_element_type(arg1_1, float32)
+reshape_default: float32[32, 1] = aten.reshape(convert_element_type_default_1, [-1, 1])
+mul_tensor: float32[32, 64] = aten.mul.Tensor(convert_element_type_default, reshape_default)
+convert_element_type_default_2: float16[32, 64] = prims.convert_element_type(mul_tensor, float16)
+permute_default: float16[64, 32] = aten.permute(convert_element_type_default_2, [1, 0])
+mm_default: float16[1, 32] = aten.mm(view, permute_default)
+reshape_default_1: float16[1, 1, 1, 32] = aten.reshape(mm_default, [1, 1, 1, 32])""",
         )
 
     def test_weight_stored_kn(self):
@@ -89,11 +94,12 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
         self.assertExpectedInline(
             text,
             """\
-reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [-1, 1])
 convert_element_type_default: bfloat16[32, 64] = prims.convert_element_type(arg0_1, bfloat16)
-mul_tensor: bfloat16[32, 64] = aten.mul.Tensor(convert_element_type_default, reshape_default)
-permute_default: bfloat16[64, 32] = aten.permute(mul_tensor, [1, 0])
-mm_default: bfloat16[256, 32] = aten.mm(arg2_1, permute_default)""",
+permute_default: bfloat16[64, 32] = aten.permute(convert_element_type_default, [1, 0])
+mm_default: bfloat16[256, 32] = aten.mm(arg2_1, permute_default)
+convert_element_type_default_1: float32[32] = prims.convert_element_type(arg1_1, float32)
+mul_tensor: float32[256, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_1)
+convert_element_type_default_2: bfloat16[256, 32] = prims.convert_element_type(mul_tensor, bfloat16)""",
         )
 
     def test_dynamic_m_guarded_choice(self):
@@ -117,12 +123,13 @@ reshape_default: bfloat16[s77, s27, 32] = aten.reshape(woq_int8_mm_by_m_default,
             text,
             """\
 view: bfloat16[6, 24] = aten.view(arg2_1, [6, 24])
-reshape_default: bfloat16[32, 1] = aten.reshape(arg1_1, [-1, 1])
 convert_element_type_default: bfloat16[32, 24] = prims.convert_element_type(arg0_1, bfloat16)
-mul_tensor: bfloat16[32, 24] = aten.mul.Tensor(convert_element_type_default, reshape_default)
-permute_default: bfloat16[24, 32] = aten.permute(mul_tensor, [1, 0])
+permute_default: bfloat16[24, 32] = aten.permute(convert_element_type_default, [1, 0])
 mm_default: bfloat16[6, 32] = aten.mm(view, permute_default)
-reshape_default_1: bfloat16[2, 3, 32] = aten.reshape(mm_default, [2, 3, 32])""",
+convert_element_type_default_1: float32[32] = prims.convert_element_type(arg1_1, float32)
+mul_tensor: float32[6, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_1)
+convert_element_type_default_2: bfloat16[6, 32] = prims.convert_element_type(mul_tensor, bfloat16)
+reshape_default: bfloat16[2, 3, 32] = aten.reshape(convert_element_type_default_2, [2, 3, 32])""",
         )
 
     def test_symbolic_weight_shape_still_rewritten_safely(self):

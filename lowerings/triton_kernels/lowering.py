@@ -15,9 +15,10 @@ from torch import fx
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
-from ..emit import Emitter, finish
+from ..emit import Emitter, finish, product_dtype, scale_epilogue
 from ..preference import KernelPreference
 from ..registry import Lowering
+from ..woq_int8_emit import weight_scale_range_blocker
 from . import configs, triton_unavailable
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -98,7 +99,7 @@ def _woq_int8_correct(rec: QuantLinear) -> str | None:
     why = _static_kn(rec)
     if why:
         return why
-    return _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale")
+    return _per_channel_or_tensor(rec.weight_scale, rec.n, "weight scale") or weight_scale_range_blocker(rec)
 
 
 def _dynamic_int8_correct(rec: QuantLinear) -> str | None:
@@ -146,13 +147,29 @@ def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
     return rec.bias if v is not None and known_eq(v.numel(), rec.n) else None
 
 
+def _exponent_range(dtype: torch.dtype) -> int:
+    return int(torch.finfo(dtype).max).bit_length()
+
+
+def _scale_after_kernel(rec: QuantLinear) -> bool:
+    """Whether the graph's product (`mm * s`) has a wider range than the kernel's output (x's dtype): fp16 x
+    with an fp32 scale gives an fp32 result, finite where acc * s stored as fp16 would be inf. The kernel
+    then runs unscaled (its output rounded like the graph's mm) and the scale follows in fp32. bf16 shares
+    fp32's exponent range: its kernel output stays scaled (one rounding, no extra pass)."""
+    if rec.weight_scale is None:
+        return False
+    return _exponent_range(rec.compute_dtype) < _exponent_range(product_dtype(rec))
+
+
 def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     from . import ops  # noqa: F401  (registers the triton_ops; imports Triton)
     from .inline import emit_traced
 
     em = Emitter(graph, rec.output)
-    bias = _fusable_bias(rec)
-    tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), _scale_tensor(em, rec)]
+    after = _scale_after_kernel(rec)
+    bias = None if after else _fusable_bias(rec)
+    scale = _full(em, rec, 1.0) if after else _scale_tensor(em, rec)
+    tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), scale]
     tensors += [bias] if bias is not None else []
 
     def call(
@@ -161,6 +178,7 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         return torch.ops.qlower.woq_int8_linear(x, w, s, b)
 
     core = emit_traced(em, call, tensors)
+    core = scale_epilogue(em, rec, core) if after else core
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
 
 
