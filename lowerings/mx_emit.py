@@ -74,18 +74,29 @@ def _scalar(em: Emitter, value: Any, dtype: torch.dtype, device: torch.device) -
     return em.call(aten.scalar_tensor.default, value, dtype=dtype, device=device)
 
 
-def decode_codes(em: Emitter, t: fx.Node, device: torch.device) -> fx.Node:
-    """e8m0 codes (uint8 or float8_e8m0fnu, any shape) -> float32 2 ** (code - 127), NaN for 255."""
+def decode_codes(
+    em: Emitter, t: fx.Node, device: torch.device, special: dict[int, float] | None = None
+) -> fx.Node:
+    """e8m0 codes (uint8 or float8_e8m0fnu, any shape) -> float32 2 ** (code - 127), NaN for 255.
+
+    `special` (the record's): the matched decode's own values at code 0 (0.0) / 255 (+Inf), which are
+    exactly what the bits `code << 23` give there, so they skip the spec's fix-ups.
+    """
+    special = special or {}
+    assert all(v in fmt.E8M0_SPECIAL_ALTERNATIVES[c] for c, v in special.items()), special
     if _dtype(t) == torch.float8_e8m0fnu:
         # Copy the bytes out (qlower::mx_bytes): a float conversion of e8m0 would be a prims fallback, which
         # AOTInductor can only run through its proxy executor; mx_bytes has a C shim.
         t = as_u8_copy(em, t)
     c = em.convert(t, torch.int32)
     bits = em.call(aten.bitwise_left_shift.Tensor_Scalar, c, 23)
-    bits = em.call(
-        aten.where.self, em.call(aten.eq.Scalar, c, 0), _scalar(em, 0x00400000, torch.int32, device), bits
-    )
+    if 0 not in special:
+        bits = em.call(
+            aten.where.self, em.call(aten.eq.Scalar, c, 0), _scalar(em, 0x00400000, torch.int32, device), bits
+        )
     s = em.call(aten.view.dtype, bits, torch.float32)
+    if fmt.E8M0_NAN in special:
+        return s
     nan = _scalar(em, float("nan"), torch.float32, device)
     return em.call(aten.where.self, em.call(aten.eq.Scalar, c, fmt.E8M0_NAN), nan, s)
 
@@ -109,13 +120,14 @@ def scale_f32(
     rows: Any,
     cols: int,
     device: torch.device,
+    special: dict[int, float] | None = None,
 ) -> fx.Node:
     """Decoded block scales [rows, cols] float32; decoding happens on the stored tensor, before any layout op."""
     if layout == "swizzled":
-        return unswizzle(em, decode_codes(em, em.reshape(src, [-1]), device), int(rows), cols)
+        return unswizzle(em, decode_codes(em, em.reshape(src, [-1]), device, special), int(rows), cols)
     if layout == "other":
-        return _rows_first(em, decode_codes(em, codes, device), cols, assoc)
-    return _rows_first(em, decode_codes(em, src, device), cols, layout)
+        return _rows_first(em, decode_codes(em, codes, device, special), cols, assoc)
+    return _rows_first(em, decode_codes(em, src, device, special), cols, layout)
 
 
 def _e2m1_values(em: Emitter, codes: fx.Node, device: torch.device) -> fx.Node:
@@ -135,15 +147,25 @@ def _e2m1_values(em: Emitter, codes: fx.Node, device: torch.device) -> fx.Node:
     return em.call(aten.where.self, em.call(aten.ge.Scalar, codes, 8), em.call(aten.neg.default, val), val)
 
 
-def elements_f32(em: Emitter, src: fx.Node, layout: str, elem: str, k: int, device: torch.device) -> fx.Node:
-    """Element values [rows, K] float32 from stored elements ([rows, K] or [rows, K / 2], or transposed)."""
+def elements_f32(
+    em: Emitter,
+    src: fx.Node,
+    layout: str,
+    elem: str,
+    k: int,
+    device: torch.device,
+    nibbles: str = "low_first",
+) -> fx.Node:
+    """Element values [rows, K] float32 from stored elements ([rows, K] or [rows, K / 2], or transposed);
+    `nibbles`: which nibble of a packed e2m1 byte holds the even element (the record's)."""
     q = src if layout == "NK" else em.transpose(src)
     if not fmt.packed(elem):
         return em.convert(q, torch.float32)
     b = em.convert(as_u8_copy(em, q), torch.int32)
     lo = em.call(aten.bitwise_and.Scalar, b, 15)
     hi = em.call(aten.bitwise_right_shift.Tensor_Scalar, b, 4)
-    pair = [em.call(aten.unsqueeze.default, t, -1) for t in (lo, hi)]  # (stack is decomposed by now)
+    even_odd = (lo, hi) if nibbles == "low_first" else (hi, lo)
+    pair = [em.call(aten.unsqueeze.default, t, -1) for t in even_odd]  # (stack is decomposed by now)
     codes = em.reshape(em.call(aten.cat.default, pair, -1), [-1, k])
     return _e2m1_values(em, codes, device)
 
@@ -161,12 +183,26 @@ def dequant(
     k: int,
     dtype: torch.dtype,
     device: torch.device,
+    nibbles: str = "low_first",
+    special: dict[int, float] | None = None,
 ) -> fx.Node:
-    """elements * block scales as a [rows, K] tensor of `dtype` (exact for bf16: 3-bit mantissas)."""
-    cols = k // fmt.BLOCK
-    x = em.reshape(elements_f32(em, q, q_layout, elem, k, device), [-1, cols, fmt.BLOCK])
-    s = em.reshape(scale_f32(em, s_src, s_layout, s_codes, s_assoc, rows, cols, device), [-1, cols, 1])
-    return em.convert(em.reshape(em.call(aten.mul.Tensor, x, s), [-1, k]), dtype)
+    """elements * block scales as a [rows, K] tensor of `dtype` (exact for bf16: 3-bit mantissas).
+
+    A partial last block (K % 32): each element's scale is gathered by its block index k // 32. Not a
+    zero-padded [rows, blocks, 32] product sliced back to K, nor `repeat_interleave(32)[:, :K]`: stock
+    Inductor's CPU code for either (fused into a consumer) is wrong past column 32
+    (tests/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
+    """
+    cols = fmt.blocks(k)
+    x = elements_f32(em, q, q_layout, elem, k, device, nibbles)
+    if k % fmt.BLOCK:
+        s = scale_f32(em, s_src, s_layout, s_codes, s_assoc, rows, cols, device, special)
+        kk = em.call(aten.arange.start_step, 0, k, 1, dtype=torch.int64, device=device, pin_memory=False)
+        block = em.call(aten.bitwise_right_shift.Tensor_Scalar, kk, fmt.BLOCK.bit_length() - 1)
+        return em.convert(em.call(aten.mul.Tensor, x, em.call(aten.index.Tensor, s, [None, block])), dtype)
+    x = em.reshape(x, [-1, cols, fmt.BLOCK])
+    s = scale_f32(em, s_src, s_layout, s_codes, s_assoc, rows, cols, device, special)
+    return em.convert(em.reshape(em.call(aten.mul.Tensor, x, em.reshape(s, [-1, cols, 1])), [-1, k]), dtype)
 
 
 def weight_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
@@ -174,6 +210,7 @@ def weight_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node
     return dequant(
         em, rec.weight, rec.weight_layout, d["w_elem"], rec.weight_scale, d["w_scale_layout"],
         d["w_scale_codes"], d["w_scale_assoc"], rec.n, rec.k, dtype, rec.device,
+        d.get("w_nibbles", "low_first"), d.get("w_scale_special"),
     )  # fmt: skip
 
 
@@ -183,8 +220,19 @@ def act_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
     d = aq.details
     return dequant(
         em, aq.x_q, "NK", d["elem"], aq.x_scale, d["scale_layout"], d["scale_codes"], d["scale_assoc"],
-        rec.m, rec.k, dtype, rec.device,
+        rec.m, rec.k, dtype, rec.device, d.get("nibbles", "low_first"), d.get("scale_special"),
     )  # fmt: skip
+
+
+def spec_layout_blocker(rec: QuantLinear) -> str | None:
+    """Why a kernel reading MX bytes as the OCP layout has them (whole 32-element blocks, even fp4 element in
+    the low nibble) cannot take `rec`; the emulation (`dequant`) decodes any record."""
+    if rec.k % fmt.BLOCK:
+        return f"K={rec.k} ends in a partial MX block (K % {fmt.BLOCK} = {rec.k % fmt.BLOCK}): emulation only"
+    aq = rec.act_quant
+    if "high_first" in (rec.details.get("w_nibbles"), aq.details.get("nibbles") if aq else None):
+        return "fp4 packed with the even element in the high nibble: emulation only"
+    return None
 
 
 def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:

@@ -12,7 +12,7 @@ from qlower.patterns import mx_format as fmt
 from qlower.patterns.record import QuantLinear
 
 from .capability import cuda_capability, describe_capability
-from .mx_emit import emit_emulated, emit_scaled_mm
+from .mx_emit import emit_emulated, emit_scaled_mm, spec_layout_blocker
 from .preference import KernelPreference
 from .registry import Lowering
 
@@ -44,7 +44,7 @@ def supports_scaled_mm(rec: QuantLinear) -> str | None:
         return f"_scaled_mm needs N % 16 == 0 and K % 32 == 0 (N={rec.n}, K={rec.k})"
     if rec.compute_dtype not in _SCALED_MM_OUT:
         return f"output dtype {rec.compute_dtype}"
-    return None
+    return spec_layout_blocker(rec)
 
 
 MX_EMULATED = Lowering(

@@ -8,15 +8,21 @@ hand-written `q.float().view(N, K // 32, 32) * 2 ** (e - 127)`, `exp2`, `e8m0.fl
 `repeat_interleave`). Rather than enumerate spellings, the recognizer finds the two inputs the multiply
 depends on (the element tensor and the 8-bit scale codes, where all paths of pointwise/layout ops meet) and
 *runs* the subgraph between them on probe values covering every code (shrunk to a few rows), checking it
-computes elem(q) * 2 ** (code - 127) exactly. Both sides of the matmul dequantized: dynamic activation MX
-(the activation's quantize nodes are kept as the record's ActQuant); only the weight: weight-only MX.
+computes elem(q) * 2 ** (code - 127) exactly, special codes included (NaN/Inf elements; e8m0 codes 0 and
+255, where a decode may give 0 or +Inf instead of the spec's 2 ** -127 and NaN: the record keeps which, see
+`mx_format.E8M0_SPECIAL_ALTERNATIVES`), NaN compared as NaN. Packed fp4 in either nibble order, a partial
+last block (K % 32), and lookup tables whose values are known at compile time (constants, attributes,
+frozen parameters) are recognized by what they compute; a decode that differs, or whose table is a run-time
+input, is left alone with the reason. Both sides of the matmul dequantized: dynamic activation MX (the
+activation's quantize nodes are kept as the record's ActQuant); only the weight: weight-only MX. A matmul
+whose weight is computed from 8-bit data but is not verified MX gets a rejection naming the blocker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from math import prod
+from math import isfinite, prod
 from typing import Any
 
 import torch
@@ -30,12 +36,14 @@ from .graph_utils import (
     VIEW_OPS,
     MatmulSite,
     aten,
-    broadcasts_along_last_dim,
     convert_target_dtype,
+    epilogue_factor,
+    factor_kind,
     has_single_user,
     is_call,
     is_static,
     is_transpose_2d,
+    keeps_rows,
     matmul_site,
     prims,
     tensor_val,
@@ -76,6 +84,7 @@ _DECODE_EXTRA = {
     aten.index.Tensor,
     aten.full.default,
     aten.scalar_tensor.default,
+    prims.iota.default,  # `arange` (decomposed): block indices k // 32 that gather a scale per element
     prims.device_put.default,
 }
 # Ops whose argument (position) is an output shape: rewritten when the probe runs on fewer rows.
@@ -87,6 +96,15 @@ _SHAPE_ARG = {
     aten.full.default: 0,
 }
 _BITCAST_8BIT = (torch.uint8, torch.int8, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)
+# Storage dtypes of MX data (elements, scale codes): a weight computed from these is an MX candidate.
+_MX_STORAGE = (
+    torch.uint8,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e8m0fnu,
+    torch.float4_e2m1fn_x2,
+)
+_TABLE_NUMEL = 256  # a stored tensor this small (and not 8-bit data) inside a decode is a lookup table
 
 
 def _is_decode_op(node: fx.Node) -> bool:
@@ -100,11 +118,62 @@ def _is_decode_op(node: fx.Node) -> bool:
 
 
 def _is_const_leaf(node: fx.Node) -> bool:
-    """Inputs the probe can evaluate without the real data: small tensor attributes and symbolic sizes."""
-    v = node.meta.get("val")
-    if isinstance(v, (int, float, torch.SymInt, torch.SymFloat)):
-        return True
-    return node.op == "get_attr" and isinstance(v, torch.Tensor) and v.numel() <= 64
+    """Symbolic sizes and scalars: inputs the probe evaluates from their hints."""
+    return isinstance(node.meta.get("val"), (int, float, torch.SymInt, torch.SymFloat))
+
+
+def _is_table_leaf(node: fx.Node) -> bool:
+    """A small stored tensor (graph input or attribute) that is not 8-bit data: a decode's lookup table.
+
+    The probe needs its values: `_stored_value` has them when they are fixed at compile time.
+    """
+    v = tensor_val(node)
+    return (
+        node.op in ("placeholder", "get_attr")
+        and v is not None
+        and v.dtype not in (*_MX_STORAGE, torch.int8)
+        and all(is_static(s) for s in v.shape)
+        and v.numel() <= _TABLE_NUMEL
+    )
+
+
+def _frozen_param(node: fx.Node) -> torch.Tensor | None:
+    """The real tensor behind a placeholder that Inductor's freezing folds into a constant, else None.
+
+    Freezing (global config, inference) makes Dynamo's lifted parameters and buffers constants; they are
+    the first placeholders, their tensors in `TracingContext.params_flat` (lowerings/dynamic_int8_lowerings
+    `weight_is_frozen` reads the same facts).
+    """
+    from torch._inductor import config
+
+    if not config.freezing or torch.is_grad_enabled():
+        return None
+    ctx = torch._guards.TracingContext.try_get()
+    params = getattr(ctx, "params_flat", None) if ctx is not None else None
+    if not params:
+        return None
+    index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+    return params[index] if index < len(params) else None
+
+
+def _stored_value(node: fx.Node) -> torch.Tensor | None:
+    """A stored tensor's values on the host when they are fixed at compile time (an attribute: constants built
+    in the graph, export and AOTInductor parameters; a frozen parameter), None for a run-time input."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    obj: Any = None
+    if node.op == "get_attr":
+        obj = node.graph.owning_module
+        for name in str(node.target).split("."):
+            obj = getattr(obj, name, None)
+    elif node.op == "placeholder":
+        obj = _frozen_param(node)
+    v = tensor_val(node)
+    if not isinstance(obj, torch.Tensor) or isinstance(obj, FakeTensor) or obj.is_meta or v is None:
+        return None
+    if obj.dtype != v.dtype or list(obj.shape) != [int(s) for s in v.shape]:
+        return None
+    return obj.detach().to(HOST_DEVICE)
 
 
 def _hint(x: Any) -> Any:
@@ -128,6 +197,7 @@ class _Decode:
     boundary: fx.Node
     inner: list[fx.Node]  # graph order
     consts: list[fx.Node] = field(default_factory=list)
+    tables: list[fx.Node] = field(default_factory=list)  # stored lookup tables the decode reads
 
 
 def _meet(start: fx.Node, accept: Callable[[fx.Node], bool], order: dict[fx.Node, int]) -> _Decode | None:
@@ -139,12 +209,13 @@ def _meet(start: fx.Node, accept: Callable[[fx.Node], bool], order: dict[fx.Node
     frontier: dict[fx.Node, None] = {start: None}
     inner: list[fx.Node] = []
     consts: list[fx.Node] = []
+    tables: list[fx.Node] = []
     while frontier:
         if len(frontier) == 1:
             (only,) = frontier
             if only is not start and accept(only):
                 inner.sort(key=order.__getitem__)
-                return _Decode(only, inner, consts)
+                return _Decode(only, inner, consts, list(dict.fromkeys(tables)))
         node = max(frontier, key=order.__getitem__)
         del frontier[node]
         if not _is_decode_op(node) or len(inner) >= _MAX_DECODE_NODES:
@@ -153,6 +224,8 @@ def _meet(start: fx.Node, accept: Callable[[fx.Node], bool], order: dict[fx.Node
         for inp in node.all_input_nodes:
             if _is_const_leaf(inp):
                 consts.append(inp)
+            elif _is_table_leaf(inp) and not accept(inp):
+                tables.append(inp)
             elif inp not in inner:
                 frontier[inp] = None
     return None
@@ -195,14 +268,16 @@ def _evaluate(
         if n in env:
             return env[n]
         v = n.meta.get("val")
-        if n.op == "get_attr" and module is not None:
-            return getattr(module, str(n.target)).detach().to(HOST_DEVICE)
+        if n.op == "get_attr" and module is not None and (stored := _stored_value(n)) is not None:
+            return stored
         if isinstance(v, torch.SymInt):
             return _hint(v)
         raise _NoShrink(f"no value for {n}")
 
     for node in nodes:
-        if (bitcast_is_identity and node.target is aten.view.dtype) or node.target is prims.device_put.default:
+        if (
+            bitcast_is_identity and node.target is aten.view.dtype
+        ) or node.target is prims.device_put.default:
             env[node] = value(node.args[0])  # the probe runs on the host: a device move is the identity
             continue
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
@@ -238,14 +313,28 @@ def _probe_rows(rows: int, per_row: int) -> int:
     return rows
 
 
-def _code_probe(numel: int, exclude: tuple[int, ...] = ()) -> torch.Tensor:
-    codes = torch.arange(numel) * 37 % 256  # a permutation of 0..255 repeated: neighbours differ
-    for c in exclude:
-        codes[codes == c] = 0
-    return codes.to(torch.uint8)
+def _probe_codes(numel: int, start: int = 0) -> torch.Tensor:
+    """`numel` codes along a fixed permutation of 0..255 from position `start` (neighbours differ); the
+    starts 0, numel, 2 * numel, ... of `_rounds(numel)` probes together hold every code."""
+    perm = torch.arange(256) * 37 % 256
+    return perm[(torch.arange(numel) + start) % 256].to(torch.uint8)
 
 
-_FP8_NAN = {"e4m3": (0x7F, 0xFF), "e5m2": tuple(range(0x7C, 0x80)) + tuple(range(0xFC, 0x100))}
+def _rounds(*numels: int) -> int:
+    return max(-(-256 // n) for n in numels)
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """What a verified decode computes: elem(q) * 2 ** (code - 127) on every code, up to these facts."""
+
+    assoc: str  # "nk": the scale codes' row-major order is [rows, blocks]; "kn": it is [blocks, rows]
+    nibbles: str = "low_first"  # packed e2m1: the nibble holding the even element
+    special: dict[int, float] = field(default_factory=dict)  # e8m0 code -> value, where not the spec's
+
+
+class _NotMX(Exception):
+    """The probe ran and its numbers are not those of an MX dequantization (the message says where)."""
 
 
 @dataclass
@@ -254,11 +343,15 @@ class _MXOperand:
 
     elem: str
     q: fx.Node  # element boundary, logically [rows, K] (fp8) or [rows, K / 2] (packed e2m1)
-    e: fx.Node  # scale-code boundary (uint8 / e8m0), numel rows * K / 32
-    e_assoc: str  # "nk": e's row-major order is [rows, K / 32]; "kn": it is [K / 32, rows]
+    e: fx.Node  # scale-code boundary (uint8 / e8m0), numel rows * ceil(K / 32)
+    decoding: _Decoding
     rows: Any
     k: int
     nodes: list[fx.Node]  # mul, the decode ops and the chain up to the matmul
+
+    @property
+    def e_assoc(self) -> str:
+        return self.decoding.assoc
 
 
 def _elem_of(node: fx.Node, rows: Any, k: int) -> str | None:
@@ -283,42 +376,225 @@ def _is_codes(node: fx.Node, numel: Any) -> bool:
     return v is not None and v.dtype in (torch.uint8, torch.float8_e8m0fnu) and _same(v.numel(), numel)
 
 
+@dataclass
+class _Probe:
+    """Runs the decode subgraph (q and e boundaries to `mul`) on given bytes, for `r` of its `rows` rows."""
+
+    nodes: list[fx.Node]
+    mul: fx.Node
+    q: fx.Node
+    e: fx.Node
+    tables: dict[fx.Node, torch.Tensor]
+    elem: str
+    rows: int
+    r: int
+    k: int
+    graph: fx.Graph
+
+    @property
+    def q_numel(self) -> int:
+        return self.r * (self.k // 2 if fmt.packed(self.elem) else self.k)
+
+    @property
+    def e_numel(self) -> int:
+        return self.r * fmt.blocks(self.k)
+
+    def __call__(self, qbytes: torch.Tensor, ecodes: torch.Tensor) -> torch.Tensor:
+        """The decoded [r, K] values of element bytes `qbytes` and scale codes `ecodes` (both flat uint8)."""
+        qv, ev = tensor_val(self.q), tensor_val(self.e)
+        assert qv is not None and ev is not None
+        q_in = qbytes.view(qv.dtype).reshape(_shrink(_concrete_shape(self.q), self.rows, self.r))
+        e_in = ecodes.view(ev.dtype).reshape(_shrink(_concrete_shape(self.e), self.rows, self.r))
+        leaves = {**self.tables, self.q: q_in, self.e: e_in}
+        with torch.no_grad():
+            out = _evaluate(self.nodes, leaves, self.rows, self.r, self.graph)[self.mul]
+        if isinstance(out, torch.Tensor) and out.numel() != self.r * self.k and self.r != self.rows:
+            raise _NoShrink("the decode's shape depends on the rows in a way the probe did not rewrite")
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.numel() != self.r * self.k
+            or not out.dtype.is_floating_point
+        ):
+            raise _NotMX(f"the decoded weight is not a float [rows, {self.k}] tensor")
+        return out.reshape(self.r, self.k)
+
+    def logical_q(self, qbytes: torch.Tensor) -> torch.Tensor:
+        q = qbytes.reshape(self.r, -1)
+        return q.view(fmt.FP8_DTYPE[self.elem]) if self.elem in fmt.FP8_DTYPE else q
+
+    def logical_e(self, ecodes: torch.Tensor, assoc: str) -> torch.Tensor:
+        """[r, blocks] codes of flat `ecodes` read in order `assoc`."""
+        cols = fmt.blocks(self.k)
+        return ecodes.reshape(self.r, cols) if assoc == "nk" else ecodes.reshape(cols, self.r).t()
+
+
+def _num(x: Any) -> str:
+    return f"{float(x):g}"
+
+
+_Run = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # element bytes, scale codes (flat), decoded [r, K]
+
+
+def _expand(probe: _Probe, per_block: torch.Tensor) -> torch.Tensor:
+    """[r, blocks] -> [r, K]: each block's value on its elements (the last block partial when K % 32)."""
+    return per_block.repeat_interleave(BLOCK, dim=1)[:, : probe.k]
+
+
+def _elem_codes(probe: _Probe, qb: torch.Tensor, nibbles: str = "low_first") -> torch.Tensor:
+    """[r, K] element codes of flat bytes `qb` (fp4 nibbles in order `nibbles`)."""
+    q = probe.logical_q(qb)
+    return fmt.unpack_codes(q, nibbles) if fmt.packed(probe.elem) else q.view(torch.uint8)
+
+
+def _want(probe: _Probe, run: _Run, d: _Decoding) -> torch.Tensor:
+    qb, ec, got = run
+    codes = probe.logical_e(ec, d.assoc)
+    return fmt.dequantize_f64(probe.logical_q(qb), codes, probe.elem, d.nibbles, d.special).to(got.dtype)
+
+
+def _scale_codes(probe: _Probe, run: _Run, d: _Decoding) -> torch.Tensor:
+    """[r, K]: the scale code of each element's block."""
+    return _expand(probe, probe.logical_e(run[1], d.assoc))
+
+
+def _ordinary_scale(probe: _Probe, run: _Run, d: _Decoding) -> torch.Tensor:
+    return ~torch.isin(_scale_codes(probe, run, d), torch.tensor(list(fmt.E8M0_SPECIAL)))
+
+
+def _ordinary(probe: _Probe, run: _Run, d: _Decoding) -> torch.Tensor:
+    """Positions whose element and scale codes both have finite, plain values."""
+    special = torch.tensor(fmt.ELEM_SPECIAL_CODES[probe.elem] or [-1])
+    return ~torch.isin(_elem_codes(probe, run[0], d.nibbles), special) & _ordinary_scale(probe, run, d)
+
+
+def _differs(half: str, name: str, code: str, got: float, want: float) -> _NotMX:
+    return _NotMX(
+        f"{half} decode differs from {name} at code {code} ({_num(got)} where {name} is {_num(want)})"
+    )
+
+
+def _matches(probe: _Probe, runs: list[_Run], d: _Decoding, where: Callable[[_Run], torch.Tensor]) -> bool:
+    return all(fmt.same_values(run[2], _want(probe, run, d))[where(run)].all() for run in runs)
+
+
+def _check_decode(probe: _Probe) -> _Decoding:
+    """Elements and scale codes varying together over every code: what the decode computes, or _NotMX.
+
+    Ordinary codes fix the scale codes' association and the nibble order; then special element codes must
+    decode as the format says, and e8m0 codes 0 / 255 as the spec or one of the alternatives the emulation
+    reproduces. Only the product is checked, so a decode may split a constant factor between its halves.
+    """
+    nq, ne = probe.q_numel, probe.e_numel
+    runs = [
+        (qb, ec, probe(qb, ec))
+        for j in range(_rounds(nq, ne))
+        for qb, ec in [(_probe_codes(nq, j * nq), _probe_codes(ne, j * ne + 101))]
+    ]
+    orders = fmt.NIBBLE_ORDERS if fmt.packed(probe.elem) else fmt.NIBBLE_ORDERS[:1]
+    plain = [_Decoding(a, o) for a in ("nk", "kn") for o in orders]
+    d = next((d for d in plain if _matches(probe, runs, d, lambda r, d=d: _ordinary(probe, r, d))), None)
+    if d is None:
+        _diagnose(probe)
+        raise _NotMX("decode is not fp8 / fp4 elements times e8m0 block scales")
+    _check_special_elements(probe, runs, d)
+    special: dict[int, float] = {}
+    for code, spec in fmt.E8M0_SPECIAL.items():
+
+        def in_blocks(run: _Run, code: int = code) -> torch.Tensor:
+            return _scale_codes(probe, run, d) == code
+
+        for i, value in enumerate((spec, *fmt.E8M0_SPECIAL_ALTERNATIVES[code])):
+            trial = _Decoding(d.assoc, d.nibbles, {**special, code: value})
+            if _matches(probe, runs, trial, in_blocks):
+                special = trial.special if i else special
+                break
+        else:
+            raise _differs("scale", "e8m0", str(code), _effective_scale(probe, runs, d, code), spec)
+    return _Decoding(d.assoc, d.nibbles, special)
+
+
+def _check_special_elements(probe: _Probe, runs: list[_Run], d: _Decoding) -> None:
+    """NaN / Inf element codes under ordinary scales decode as the format says, or _NotMX (lowest code)."""
+    diffs = []
+    for run in runs:
+        qb, _, got = run
+        scale = fmt.scale_f64(_scale_codes(probe, run, d))
+        bad = ~fmt.same_values(got, _want(probe, run, d)) & _ordinary_scale(probe, run, d)
+        want = fmt.elements_f64(probe.logical_q(qb), probe.elem, d.nibbles)
+        codes = _elem_codes(probe, qb, d.nibbles)
+        diffs += zip(
+            codes[bad].tolist(), (got.double() / scale)[bad].tolist(), want[bad].tolist(), strict=True
+        )
+    if diffs:
+        code, got, want = min(diffs, key=lambda t: t[0])
+        raise _differs("element", probe.elem, f"{code:#04x}", got, want)
+
+
+def _effective_scale(probe: _Probe, runs: list[_Run], d: _Decoding, code: int) -> float:
+    """What the decode multiplies a plain element by in a block of scale code `code` (for messages)."""
+    for run in runs:
+        elems = fmt.elements_f64(probe.logical_q(run[0]), probe.elem, d.nibbles)
+        hit = (_scale_codes(probe, run, d) == code) & elems.isfinite() & (elems != 0)
+        if hit.any():
+            return float(run[2].double()[hit][0] / elems[hit][0])
+    return float("nan")
+
+
+def _diagnose(probe: _Probe) -> None:
+    """Raise _NotMX naming the half of a failing decode that differs: elements under scale code 127, or
+    scale codes times element 1.0. A constant factor off on every element is blamed on the scales."""
+    nq, ne = probe.q_numel, probe.e_numel
+    unit = torch.full((ne,), fmt.E8M0_BIAS, dtype=torch.uint8)
+    one = torch.full((nq,), fmt.ELEM_ONE_BYTE[probe.elem], dtype=torch.uint8)
+    elem_runs = [(qb, unit, probe(qb, unit)) for qb in (_probe_codes(nq, j * nq) for j in range(_rounds(nq)))]
+    scale_runs = [(one, ec, probe(one, ec)) for ec in (_probe_codes(ne, j * ne) for j in range(_rounds(ne)))]
+    orders = fmt.NIBBLE_ORDERS if fmt.packed(probe.elem) else fmt.NIBBLE_ORDERS[:1]
+    elem_diffs = min((_diffs(probe, elem_runs, _Decoding("nk", o), "elem") for o in orders), key=len)
+    scale_diffs = min((_diffs(probe, scale_runs, _Decoding(a), "scale") for a in ("nk", "kn")), key=len)
+    ratios = {g / w if w and isfinite(w) and isfinite(g) else None for _, g, w in elem_diffs}
+    if elem_diffs and (len(ratios) > 1 or None in ratios or not scale_diffs):
+        code, got, want = min(elem_diffs, key=lambda t: t[0])
+        raise _differs("element", probe.elem, f"{code:#04x}", got, want)
+    if scale_diffs:
+        code, got, want = min(scale_diffs, key=lambda t: t[0])
+        raise _differs("scale", "e8m0", str(code), got, want)
+
+
+def _diffs(probe: _Probe, runs: list[_Run], d: _Decoding, half: str) -> list[tuple[int, float, float]]:
+    """(code, got, want) wherever the probe of one half differs from MX, ordinary scale codes only."""
+    out = []
+    for run in runs:
+        got, want = run[2], _want(probe, run, d)
+        bad = ~fmt.same_values(got, want) & _ordinary_scale(probe, run, d)
+        codes = _elem_codes(probe, run[0], d.nibbles) if half == "elem" else _scale_codes(probe, run, d)
+        out += zip(codes[bad].tolist(), got.double()[bad].tolist(), want.double()[bad].tolist(), strict=True)
+    return out
+
+
 def _verify(
-    mul: fx.Node, q: _Decode, e: _Decode, elem: str, rows: Any, k: int, graph: fx.Graph
-) -> str | None:
-    """Run the dequant subgraph on probes; returns the association of the scale codes, or None."""
+    mul: fx.Node,
+    q: _Decode,
+    e: _Decode,
+    elem: str,
+    rows: Any,
+    k: int,
+    graph: fx.Graph,
+    tables: dict[fx.Node, torch.Tensor],
+) -> _Decoding | str | None:
+    """Run the dequant subgraph on probes of every element and scale code: what it decodes (`_Decoding`), a
+    reason where it differs from MX, or None where the probe cannot run it."""
     nrows = int(_hint(rows))
-    new_rows = _probe_rows(nrows, k)
-    per_q_row = k // 2 if fmt.packed(elem) else k
     nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(graph)[n])
-    for r in dict.fromkeys((new_rows, nrows)):
+    for r in dict.fromkeys((_probe_rows(nrows, k), nrows)):
         if r * k > _FULL_EVAL_LIMIT:
             continue
-        qbytes = _code_probe(r * per_q_row, _FP8_NAN.get(elem, ()))
-        ecodes = _code_probe(r * (k // BLOCK))
-        qv, ev = tensor_val(q.boundary), tensor_val(e.boundary)
-        assert qv is not None and ev is not None
+        probe = _Probe(nodes, mul, q.boundary, e.boundary, tables, elem, nrows, r, k, graph)
         try:
-            q_in = qbytes.view(qv.dtype).reshape(_shrink(_concrete_shape(q.boundary), nrows, r))
-            e_in = ecodes.view(ev.dtype).reshape(_shrink(_concrete_shape(e.boundary), nrows, r))
-            with torch.no_grad():
-                out = _evaluate(nodes, {q.boundary: q_in, e.boundary: e_in}, nrows, r, graph)[mul]
+            return _check_decode(probe)
+        except _NotMX as err:
+            return str(err)
         except (_NoShrink, RuntimeError, TypeError, ValueError, IndexError):
             continue
-        if out.numel() != r * k or not out.dtype.is_floating_point:
-            return None
-        out = out.reshape(r, k)
-        q_logical = qbytes.reshape(r, per_q_row)
-        if elem in fmt.FP8_DTYPE:
-            q_logical = q_logical.view(fmt.FP8_DTYPE[elem])
-        for assoc in ("nk", "kn"):
-            codes = ecodes.reshape(r, k // BLOCK) if assoc == "nk" else ecodes.reshape(k // BLOCK, r).t()
-            want = fmt.dequantize_f64(q_logical, codes, elem).to(out.dtype)
-            check = (codes != 0) & (codes != fmt.E8M0_NAN)
-            mask = check.repeat_interleave(BLOCK, dim=1)
-            if torch.equal(out[mask], want[mask]):
-                return assoc
-        return None
     return None
 
 
@@ -359,6 +635,8 @@ def _walk_to_mul(operand: fx.Node, want_flips: int) -> tuple[fx.Node, list[fx.No
 
 
 def _find_operand(operand: fx.Node, want_flips: int, graph: fx.Graph) -> _MXOperand | Rejection | None:
+    """The MX operand behind a matmul operand, a rejection when its decode is MX-shaped but not verified MX
+    (the first one found, should no reading of the multiply verify), or None."""
     walked = _walk_to_mul(operand, want_flips)
     if walked is None:
         return None
@@ -371,6 +649,7 @@ def _find_operand(operand: fx.Node, want_flips: int, graph: fx.Graph) -> _MXOper
     k = int(k)
     order = _order_of(graph)
     a, b = mul.args[:2]
+    rejected: Rejection | None = None
     for data, scale in ((a, b), (b, a)):
         if not isinstance(data, fx.Node) or not isinstance(scale, fx.Node):
             continue
@@ -379,22 +658,29 @@ def _find_operand(operand: fx.Node, want_flips: int, graph: fx.Graph) -> _MXOper
             continue
         elem = _elem_of(q.boundary, rows, k)
         assert elem is not None
-        blocks = -(-k // BLOCK)
-        e = _meet(scale, lambda n, c=rows * blocks: _is_codes(n, c), order)
+        ncodes = rows * fmt.blocks(k)
+        e = _meet(scale, lambda n, c=ncodes: _is_codes(n, c), order)
         if e is None:
             continue
-        if k % BLOCK:
-            return Rejection(
-                family=FAMILY,
-                anchor=mul,
-                reason=f"K={k} is not a multiple of the MX block size {BLOCK} (partial last block)",
-                dtype=tensor_val(q.boundary).dtype,  # type: ignore[union-attr]
+        qv = tensor_val(q.boundary)
+        assert qv is not None
+        tables = {t: _stored_value(t) for t in dict.fromkeys([*q.tables, *e.tables])}
+        unknown = [t.name for t, v in tables.items() if v is None]
+        if unknown:
+            why = (
+                f"decode table is a runtime input ({', '.join(unknown)}: its values are not known at compile "
+                "time; a constant, an exported or a frozen one is verified)"
             )
-        assoc = _verify(mul, q, e, elem, rows, k, graph)
-        if assoc is None:
-            continue
-        return _MXOperand(elem, q.boundary, e.boundary, assoc, rows, k, [*chain, mul, *q.inner, *e.inner])
-    return None
+        else:
+            found = _verify(mul, q, e, elem, rows, k, graph, tables)  # type: ignore[arg-type]
+            if isinstance(found, _Decoding):
+                nodes = [*chain, mul, *q.inner, *e.inner]
+                return _MXOperand(elem, q.boundary, e.boundary, found, rows, k, nodes)
+            if found is None:
+                continue
+            why = found
+        rejected = rejected or Rejection(family=FAMILY, anchor=mul, reason=why, dtype=qv.dtype)
+    return rejected
 
 
 # ---- from the boundaries to the stored tensors: transposes of the elements, layout of the scales ----
@@ -510,21 +796,27 @@ def _x_float(x_q: fx.Node, m: Any, k: int) -> fx.Node | None:
     return found
 
 
-def _forward(mm: fx.Node, bias: Any) -> tuple[fx.Node, list[fx.Node], list[Any] | None, Any]:
-    """Views, one bias add and one dtype convert after the matmul: the node whose value the lowering replaces."""
+def _forward(
+    mm: fx.Node, bias: Any, m: Any, n: int
+) -> tuple[fx.Node, list[fx.Node], list[Any] | None, Any] | str:
+    """Views that keep N, one per-channel bias add and one dtype convert after the matmul: the node whose
+    value the lowering replaces (`graph_utils.epilogue_factor` proves the bias's meaning on [M, N]).
+    A reason instead when an `addmm` adds something that is not a bias."""
+    if bias is not None:
+        site_bias = factor_kind(bias, tensor_val(mm))
+        if site_bias is None or site_bias.kind == "row" or not isinstance(site_bias.source, fx.Node):
+            return f"addmm adds a {list(tensor_val(bias).shape)} tensor, not a per-channel bias"
+        bias = site_bias.source
     cur, chain, out_shape = mm, [mm], None
     while has_single_user(cur):
         user = next(iter(cur.users))
-        uv = tensor_val(user)
-        if uv is None:
-            break
-        if is_call(user, VIEW_OPS) and user.args[0] is cur:
+        factor = epilogue_factor(user, cur, m)
+        if keeps_rows(user, n) and user.args[0] is cur:
             out_shape = list(user.args[1])
-        elif is_call(user, ADD_OPS) and bias is None and user.kwargs.get("alpha", 1) == 1:
-            other = user.args[1] if user.args[0] is cur else user.args[0]
-            if other is cur or not isinstance(other, fx.Node) or not broadcasts_along_last_dim(other, uv):
+        elif is_call(user, ADD_OPS) and bias is None and factor is not None and factor.kind != "row":
+            if not isinstance(factor.source, fx.Node):
                 break
-            bias = other
+            bias = factor.source
         elif convert_target_dtype(user) in FLOAT_DTYPES and out_shape is None:
             pass
         else:
@@ -539,14 +831,17 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
     if not isinstance(w_op, fx.Node) or not isinstance(x, fx.Node):
         return None
     w = _find_operand(w_op, 1, graph)
-    if w is None:
-        return None
-    xv, mmv = tensor_val(x), tensor_val(mm)
-    if xv is None or mmv is None:
+    xv, mmv, wv = tensor_val(x), tensor_val(mm), tensor_val(w_op)
+    if xv is None or mmv is None or wv is None:
         return None
     m = xv.shape[0]
+    if w is None:
+        why = _not_mx_reason(w_op)
+        if why is None:
+            return None
+        w = Rejection(family=FAMILY, anchor=mm, reason=why, dtype=xv.dtype)
     if isinstance(w, Rejection):
-        w.shape, w.device, w.anchor = (m, tensor_val(w_op).shape[0], tensor_val(w_op).shape[1]), xv.device, mm  # type: ignore[union-attr]
+        w.shape, w.device, w.anchor = (m, wv.shape[0], wv.shape[1]), xv.device, mm
         return w
     k, n = w.k, int(w.rows)
     base = dict(family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, k, n))
@@ -560,7 +855,7 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
         x_q, x_flips = _q_source(a.q)
         if x_flips % 2:
             return Rejection(reason="quantized activation is stored transposed ([K, M])", **base)
-        x_scale, x_layout = _scale_source(a.e, m, k // BLOCK, a.e_assoc, graph)
+        x_scale, x_layout = _scale_source(a.e, m, fmt.blocks(k), a.e_assoc, graph)
         act_quant = ActQuant(
             scheme="mx_block",
             x_q=x_q,
@@ -572,17 +867,22 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
                 "scale_codes": a.e,
                 "scale_assoc": a.e_assoc,
                 "rounding": _rounding(x_q, x_scale),
+                "nibbles": a.decoding.nibbles,
+                "scale_special": a.decoding.special,
             },
         )
         nodes += a.nodes
     elif xv.dtype not in FLOAT_DTYPES:
         return Rejection(reason=f"activation dtype {xv.dtype} is neither float nor MX-dequantized", **base)
     w_src, flips = _q_source(w.q)
-    w_scale, w_layout = _scale_source(w.e, n, k // BLOCK, w.e_assoc, graph)
+    w_scale, w_layout = _scale_source(w.e, n, fmt.blocks(k), w.e_assoc, graph)
     devices = {v.device for v in map(tensor_val, (x, w_src, w_scale, bias)) if v is not None and v.dim() > 0}
     if len(devices) > 1:
         return Rejection(reason=f"mixed devices {sorted(map(str, devices))}", **base)
-    out, chain, out_shape, bias = _forward(mm, bias)
+    walked = _forward(mm, bias, m, n)
+    if isinstance(walked, str):
+        return Rejection(reason=walked, **base)
+    out, chain, out_shape, bias = walked
     outv = tensor_val(out)
     assert outv is not None
     form = "+".join(
@@ -594,6 +894,8 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
             site.kind,
             "bias" if bias is not None else "",
             "nd" if out_shape is not None else "",
+            "high_nibble_first" if "high_first" in (w.decoding.nibbles, a and a.decoding.nibbles) else "",
+            "partial_block" if k % BLOCK else "",
         )
         if p
     )
@@ -620,8 +922,43 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
             "w_scale_layout": w_layout,
             "w_scale_codes": w.e,
             "w_scale_assoc": w.e_assoc,
+            "w_nibbles": w.decoding.nibbles,  # packed e2m1: which nibble holds the even element
+            "w_scale_special": w.decoding.special,  # e8m0 code -> decoded value where not the spec's
         },
     )
+
+
+def _not_mx_reason(operand: fx.Node) -> str | None:
+    """Why a matmul weight computed from MX storage (uint8, fp8, e8m0, fp4x2 data) by decode ops is not a
+    verified MX dequantization; None when it is not computed from such data (not a candidate)."""
+    seen: set[fx.Node] = set()
+    todo, stored, others = [operand], [], []
+    while todo and len(seen) < _MAX_DECODE_NODES:
+        node = todo.pop()
+        if not isinstance(node, fx.Node) or node in seen:
+            continue
+        seen.add(node)
+        if _is_decode_op(node):
+            todo.extend(node.all_input_nodes)
+            continue
+        v = tensor_val(node)
+        if v is not None and v.dtype in _MX_STORAGE:
+            stored.append(f"{node.name}: {str(v.dtype).removeprefix('torch.')}")
+        elif node.op == "call_function":
+            others.append(str(node.target))
+    if not stored:
+        return None
+    why = (
+        f"weight is computed from 8-bit data ({', '.join(sorted(stored)[:3])}) but not as an MX "
+        "dequantization qlower can verify (fp8 / packed fp4 elements times e8m0 / uint8 codes, one per "
+        f"{BLOCK} elements along K, through pointwise and layout ops)"
+    )
+    wv = tensor_val(operand)
+    if wv is not None and not all(is_static(s) for s in wv.shape):
+        why += f"; the weight's shape {list(wv.shape)} is symbolic (MX blocks need a static K)"
+    if others:
+        why += f"; the decode also reads {', '.join(sorted(set(others))[:3])}"
+    return why
 
 
 def _inside_outer_matvec(site: MatmulSite) -> bool:
@@ -640,7 +977,7 @@ def find(graph: fx.Graph) -> list[Candidate]:
     with unset_fake_temporarily():  # the probes run on real host tensors, inside Inductor's fake mode
         for node in list(graph.nodes):
             site = matmul_site(node)
-            if site is None or _inside_outer_matvec(site):
+            if site is None or _inside_outer_matvec(site) or site.output.meta.get("qlower"):
                 continue
             cand = _match(site, graph)
             if cand is not None:

@@ -2,8 +2,9 @@
 
 An MX tensor is elements (fp8 e4m3 / e5m2, or fp4 e2m1 packed two per byte, even element in the low
 nibble) and one e8m0 scale per 32 consecutive elements along K: value = elem * 2 ** (code - 127), code 255
-is NaN. Scales are stored plain ([rows, K / 32]) or swizzled into the 128x4 tiles cuBLAS reads
-(`swizzle_offsets`). Pure torch, no device knowledge; the float64 reference lives here once.
+is NaN, code 0 is 2 ** -127. K need not be a multiple of 32: the last block is then partial and its scale
+applies to the tail. Scales are stored plain ([rows, ceil(K / 32)]) or swizzled into the 128x4 tiles cuBLAS
+reads (`swizzle_offsets`). Pure torch, no device knowledge; the float64 reference lives here once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ ELEM_MAX = {"e4m3": 448.0, "e5m2": 57344.0, "e2m1": 6.0}
 ELEM_MAX_POW2 = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# Element codes with no finite value (e4m3: NaN; e5m2: +-Inf then NaN), and the byte decoding to 1.0.
+ELEM_SPECIAL_CODES: dict[str, tuple[int, ...]] = {
+    "e4m3": (0x7F, 0xFF),
+    "e5m2": (*range(0x7C, 0x80), *range(0xFC, 0x100)),
+    "e2m1": (),
+}
+ELEM_ONE_BYTE = {"e4m3": 0x38, "e5m2": 0x3C, "e2m1": 0x22}
+# e8m0 codes the plain formula 2 ** (code - 127) does not give: the spec's value, and the other values a
+# decode may give there that qlower reproduces exactly (a bit-shift decode gives 0.0 at code 0; an
+# unguarded `exp2(code - 127)` in float32 overflows to +Inf at code 255).
+E8M0_SPECIAL = {0: 2.0**-E8M0_BIAS, E8M0_NAN: math.nan}
+E8M0_SPECIAL_ALTERNATIVES = {0: (0.0,), E8M0_NAN: (math.inf,)}
+NIBBLE_ORDERS = ("low_first", "high_first")  # which nibble of a packed e2m1 byte holds the even element
 
 
 def elem_of_dtype(dtype: torch.dtype) -> str | None:
@@ -42,6 +56,16 @@ def packed(elem: str) -> bool:
 
 def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+def blocks(k: int) -> int:
+    """Scale blocks along K (the last one partial when K % 32)."""
+    return -(-k // BLOCK)
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise a == b, NaN equal to NaN (what "the same numbers" means for decodes)."""
+    return (a == b) | (a.isnan() & b.isnan())
 
 
 def swizzled_numel(rows: int, cols: int) -> int:
@@ -80,38 +104,61 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     return table[codes.long()]
 
 
-def unpack_e2m1(packed_bytes: torch.Tensor) -> torch.Tensor:
-    """[..., K / 2] bytes (low nibble first) -> [..., K] float32."""
+def unpack_codes(packed_bytes: torch.Tensor, nibbles: str = "low_first") -> torch.Tensor:
+    """[..., K / 2] bytes -> [..., K] e2m1 codes (uint8), the even element from the nibble `nibbles` names."""
     b = packed_bytes.view(torch.uint8) if packed_bytes.dtype != torch.uint8 else packed_bytes
-    codes = torch.stack([b & 15, b >> 4], dim=-1).flatten(-2)
-    return e2m1_decode(codes)
+    lo, hi = b & 15, b >> 4
+    pair = [lo, hi] if nibbles == "low_first" else [hi, lo]
+    return torch.stack(pair, dim=-1).flatten(-2)
 
 
-def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """[..., K] codes 0..15 -> [..., K / 2] uint8, even element in the low nibble."""
+def unpack_e2m1(packed_bytes: torch.Tensor, nibbles: str = "low_first") -> torch.Tensor:
+    """[..., K / 2] bytes -> [..., K] float32."""
+    return e2m1_decode(unpack_codes(packed_bytes, nibbles))
+
+
+def pack_e2m1(codes: torch.Tensor, nibbles: str = "low_first") -> torch.Tensor:
+    """[..., K] codes 0..15 -> [..., K / 2] uint8, even element in the low nibble (or the high one)."""
     c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
+    even, odd = c[..., 0::2], c[..., 1::2]
+    return even | (odd << 4) if nibbles == "low_first" else (even << 4) | odd
 
 
-def elements_f64(q: torch.Tensor, elem: str) -> torch.Tensor:
+def elements_f64(q: torch.Tensor, elem: str, nibbles: str = "low_first") -> torch.Tensor:
     """Element values as float64, [rows, K] (unpacking e2m1)."""
     if packed(elem):
-        return unpack_e2m1(q).double()
+        return unpack_e2m1(q, nibbles).double()
     return q.view(FP8_DTYPE[elem]).double()
 
 
-def scale_f64(codes: torch.Tensor) -> torch.Tensor:
-    """e8m0 codes (uint8 or float8_e8m0fnu) -> float64 2 ** (code - 127), NaN for 255."""
+def scale_f64(codes: torch.Tensor, special: dict[int, float] | None = None) -> torch.Tensor:
+    """e8m0 codes (uint8 or float8_e8m0fnu) -> float64 2 ** (code - 127), NaN for 255.
+
+    `special` overrides the value at code 0 and/or 255 (a decode's own choice, see E8M0_SPECIAL_ALTERNATIVES).
+    """
     c = codes.view(torch.uint8).double()
-    return torch.where(c == E8M0_NAN, torch.nan, torch.exp2(c - E8M0_BIAS))
+    out = torch.exp2(c - E8M0_BIAS)
+    for code, value in {**E8M0_SPECIAL, **(special or {})}.items():
+        out = torch.where(c == code, value, out)
+    return out
 
 
-def dequantize_f64(q: torch.Tensor, codes: torch.Tensor, elem: str) -> torch.Tensor:
-    """The float64 reference: [rows, K] elements times their block's scale (codes plain [rows, K / 32])."""
-    x = elements_f64(q, elem)
+def dequantize_f64(
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    elem: str,
+    nibbles: str = "low_first",
+    special: dict[int, float] | None = None,
+) -> torch.Tensor:
+    """The float64 reference: [rows, K] elements times their block's scale (codes plain [rows, ceil(K / 32)]).
+
+    Eager `repeat_interleave` + slice: exact here (stock Inductor's generated code for that form is not, see
+    tests/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
+    """
+    x = elements_f64(q, elem, nibbles)
     rows, k = x.shape
-    s = scale_f64(codes).reshape(rows, k // BLOCK, 1)
-    return (x.reshape(rows, k // BLOCK, BLOCK) * s).reshape(rows, k)
+    s = scale_f64(codes, special).reshape(rows, blocks(k))
+    return x * s.repeat_interleave(BLOCK, dim=1)[:, :k]
 
 
 def _round_e2m1(v: torch.Tensor) -> torch.Tensor:
@@ -125,16 +172,20 @@ def _round_e2m1(v: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, elem: str, mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference MX quantization of a [rows, K] float tensor: (elements, uint8 scale codes [rows, K / 32]).
+    """Reference MX quantization of a [rows, K] float tensor: (elements, uint8 codes [rows, ceil(K / 32)]).
 
     `mode` 'floor' (OCP spec: 2 ** (floor(log2 amax) - emax), saturating cast) or 'rceil' (2 ** ceil(log2(amax
-    / max))). Elements are fp8 tensors, or packed e2m1 bytes (uint8). For tests and benchmarks.
+    / max))). Elements are fp8 tensors, or packed e2m1 bytes (uint8). For tests and benchmarks. With K % 32
+    traced inside a model, stock Inductor compiles its final slice wrong (see `dequantize_f64`): such models
+    quantize with a per-element gather instead (tests/mx_models.py MXDynamicPartialBlock).
     """
     rows, k = x.shape
-    if k % BLOCK:
-        raise ValueError(f"K={k} is not a multiple of {BLOCK}")
-    blocks = x.float().reshape(rows, k // BLOCK, BLOCK)
-    amax = blocks.abs().amax(-1, keepdim=True)
+    cols = blocks(k)
+    xf = x.float()
+    if k % BLOCK:  # zeros change no block's amax
+        xf = torch.nn.functional.pad(xf, (0, cols * BLOCK - k))
+    tiles = xf.reshape(rows, cols, BLOCK)
+    amax = tiles.abs().amax(-1, keepdim=True)
     if mode == "floor":
         e = torch.floor(torch.log2(amax)) - ELEM_MAX_POW2[elem]
     elif mode == "rceil":
@@ -142,8 +193,10 @@ def quantize(x: torch.Tensor, elem: str, mode: str = "floor") -> tuple[torch.Ten
     else:
         raise ValueError(f"unknown mode {mode}")
     e = torch.nan_to_num(e, neginf=-E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
-    scaled = (blocks / torch.exp2(e)).clamp(-ELEM_MAX[elem], ELEM_MAX[elem]).reshape(rows, k)
-    codes = (e + E8M0_BIAS).to(torch.uint8).reshape(rows, k // BLOCK)
+    scaled = (tiles / torch.exp2(e)).clamp(-ELEM_MAX[elem], ELEM_MAX[elem]).reshape(rows, cols * BLOCK)
+    if k % BLOCK:
+        scaled = scaled[:, :k]
+    codes = (e + E8M0_BIAS).to(torch.uint8).reshape(rows, cols)
     if packed(elem):
         return pack_e2m1(_round_e2m1(scaled)), codes
     return scaled.to(FP8_DTYPE[elem]), codes

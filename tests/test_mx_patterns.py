@@ -97,28 +97,33 @@ class HandWrittenForms(TestCase):
         )
 
     def test_wrong_exponent_bias_is_not_mx(self):
-        """2 ** (e - 128) is not an e8m0 decode: the probe catches it, nothing is matched."""
+        """2 ** (e - 128) is not an e8m0 decode: the probe catches it, the linear is left alone with where."""
 
         def f(x, q, e):
             w = (q.float().view(N, K // 32, 32) * 2 ** (e.float() - 128)[..., None]).view(N, K)
             return F.linear(x, w.to(x.dtype))
 
         x, q, e = mm.form_inputs("pow2_fp32_matmul", N, K)
-        self.assertEqual(summary(mx.find(mm.trace(f, x, q, e).graph)), "no candidate")
+        self.assertExpectedInline(
+            summary(mx.find(mm.trace(f, x, q, e).graph)),
+            """rejected: scale decode differs from e8m0 at code 1 (5.87747e-39 where e8m0 is 1.17549e-38)""",
+        )
 
-    def test_high_nibble_first_is_not_matched(self):
-        """A decode taking the even element from the high nibble is another packing: not MXFP4 as stored."""
-        lut = torch.tensor(E2M1_VALUES)
+    def test_high_nibble_first_is_recognized(self):
+        """A decode taking the even element from the high nibble: recognized, the order kept in the record."""
 
         def f(x, q, e):
+            lut = torch.tensor(E2M1_VALUES, device=q.device)
             vals = lut[torch.stack([q >> 4, q & 15], -1).view(N, K).long()]
             s = torch.exp2(e.float() - 127)
             return F.linear(x, (vals.view(N, K // 32, 32) * s[..., None]).view(N, K).to(x.dtype))
 
         x, q, e = mm.form_inputs("fp4_bits_bias_3d", N, K)
-        self.assertEqual(summary(mx.find(mm.trace(f, x.view(-1, K), q, e).graph)), "no candidate")
+        (rec,) = mx.find(mm.trace(f, x.view(-1, K), q, e).graph)
+        self.assertEqual(rec.details["w_nibbles"], "high_first")
+        self.assertEqual(rec.form, "weight_only+e2m1+w_scale_plain+mm+high_nibble_first")
 
-    def test_k_not_multiple_of_32_is_rejected(self):
+    def test_k_not_multiple_of_32_is_a_partial_block(self):
         k = 48
 
         def f(x, q, e):
@@ -130,7 +135,7 @@ class HandWrittenForms(TestCase):
         x = torch.randn(5, k, dtype=torch.bfloat16)
         self.assertExpectedInline(
             summary(mx.find(mm.trace(f, x, q, e).graph)),
-            """rejected: K=48 is not a multiple of the MX block size 32 (partial last block)""",
+            """weight_only+e4m3+w_scale_plain+mm+partial_block MKN=(5, 48, 48) w=arg1_1:NK w_scale=arg0_1:plain out=torch.bfloat16""",
         )
 
     def test_dynamic_m(self):

@@ -22,7 +22,7 @@ from qlower.patterns.record import QuantLinear
 
 from ..capability import cuda_capability, describe_capability
 from ..emit import Emitter, finish
-from ..mx_emit import as_u8_view, scale_codes
+from ..mx_emit import as_u8_view, scale_codes, spec_layout_blocker
 from ..preference import KernelPreference
 from ..registry import Lowering
 from . import triton_unavailable
@@ -49,7 +49,7 @@ def supports_mx_triton(rec: QuantLinear) -> str | None:
         return f"activation quantization {rec.act_quant.scheme} is not MX"
     if rec.compute_dtype not in _OUT_DTYPES:
         return f"output dtype {rec.compute_dtype}"
-    return None
+    return spec_layout_blocker(rec)
 
 
 def supports_mx_triton_measured(rec: QuantLinear) -> str | None:
