@@ -194,3 +194,81 @@ def retarget(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
                 meta = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
             node.meta["val"] = FakeTensor(v.fake_mode, meta, torch.device(device))
     return gm
+
+
+# ------------------------------------------------------------------------------------------ fuzz variants
+# Forms scripts/fuzz_compile.py's variants draw (view_epilogue, expanded_scale).
+
+from woq_models import split_heads  # noqa: E402  (tests/ is on sys.path for pytest and the fuzz)
+
+
+class RescaleAfterView(Form):
+    """The rescale written after the heads view: `acc.view(..., H, D) * sx.view(..., 1, 1) * s.view(H, D)`
+    (+ b.view(H, D)) — the same linear, its per-token scale a per-row-looking [.., 1, 1] factor."""
+
+    def __init__(self, k: int, n_heads: int, head_dim: int, spelling: str = "view", **kw) -> None:
+        super().__init__(k, n_heads * head_dim, **kw)
+        self.h, self.d, self.spelling = n_heads, head_dim, spelling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        xq, sx = per_token(x.reshape(-1, x.shape[-1]))
+        acc = torch._int_mm(xq, self.q_nk().t())
+        y = split_heads(acc.view(*lead, acc.shape[-1]), lead, self.h, self.d, self.spelling)
+        y = y * sx.view(*lead, 1, 1) * self.s.view(self.h, self.d)
+        if self.b is not None:
+            y = y + self.b.view(self.h, self.d)
+        return y.to(x.dtype)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        return super().reference(x).reshape(*x.shape[:-1], self.h, self.d)
+
+
+X_SCALES = ("m1", "0d")
+W_SCALES = ("n", "1n", "n1", "0d")
+RESCALE_ORDERS = ("torchao", "x_first", "w_first")
+
+
+class ExpandScales(Form):
+    """Scales reaching the rescale through `.expand(M, N)`, as torchao's dynamic int8 emits on CUDA
+    (`(_int_mm(xq, w.t()) * x_scale.expand(M, N)).to(dtype) * w_scale`): the activation scale per token [M, 1]
+    or per tensor (0-d), the weight scale [N], [1, N] or [N, 1] (transposed first) expanded, or 0-d (the
+    weight quantized per tensor)."""
+
+    def __init__(
+        self, k: int, n: int, x_scale: str = "m1", w_scale: str = "n", order: str = "torchao", **kw
+    ) -> None:
+        super().__init__(k, n, **kw)
+        if w_scale == "0d":
+            w = self.q_nk().float() * self.s[:, None]
+            s0 = w.abs().amax().clamp(min=1e-8) / 127
+            q = torch.round(w / s0).clamp(-127, 127).to(torch.int8)
+            self.q, self.s = (q.t().contiguous() if self.kn else q), s0
+        else:
+            self.s = self.s.reshape({"n": (n,), "1n": (1, n), "n1": (n, 1)}[w_scale]).contiguous()
+        self.x_scale, self.w_scale, self.order = x_scale, w_scale, order
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        m, n = x2.shape[0], self.q_nk().shape[0]
+        if self.x_scale == "m1":
+            xq, sx = per_token(x2)
+        else:
+            sx = x2.abs().amax().to(torch.float32).clamp(min=1e-8) / 127.0
+            xq = torch.round(x2 / sx).clamp(-127, 127).to(torch.int8)
+        acc = torch._int_mm(xq, self.q_nk().t())
+        s = self.s
+        xs = sx.expand(m, n)
+        ws = s if self.w_scale == "n" else (s.t() if self.w_scale == "n1" else s).expand(m, n)
+        if self.order == "torchao":
+            y = (acc * xs).to(x.dtype) * ws
+        elif self.order == "x_first":
+            y = acc.to(torch.float32) * xs * ws
+        else:
+            y = acc * ws * xs
+        return self.finish(y, x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.q_nk().double() * self.s.double().reshape(-1, 1)
+        y = x.double() @ w.t()
+        return y if self.b is None else y + self.b.double()

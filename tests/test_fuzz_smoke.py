@@ -1,7 +1,8 @@
 """Smoke test of scripts/fuzz_compile.py on CPU: a few seeded cases end to end, every family, a JSON record.
 
 The fuzz is the tool that checks qlower against inputs the unit tests do not pin (see BENCHMARKS.md, session
-4); this keeps it runnable. A qlower failure in these cases fails the test (the script exits 1).
+4); this keeps it runnable. A qlower failure in these cases fails the test (the script exits 1). The second
+test runs one case per variant (defect class) of the script.
 """
 
 from __future__ import annotations
@@ -26,3 +27,67 @@ def test_fuzz_runs_and_records_every_case(tmp_path: Path) -> None:
     assert {c["family"] for c in cases} <= {"woq_int8", "dynamic_int8", "mx"}
     assert all(c["seed"] and c["m"] >= 1 for c in cases)
     assert "qlower failures: 0" in proc.stdout
+
+
+# One cheap case per defect class the variants target (scripts/fuzz_compile.py's docstring), picked by what
+# it draws, so the picks follow the script when its draws change. Each must come out OK.
+VARIANTS = ("view_epilogue", "expanded_scale", "fp16_extreme", "training", "weight_write", "mx_special")
+
+
+def _small(c) -> bool:
+    rows = (c.batch or 1) * max(c.m, c.m2 or 0)
+    return c.preference == "AUTO" and rows * c.k * c.n <= 1 << 17
+
+
+PICKS = {
+    "view_epilogue, woq, scale after the view": lambda c, x: x.get("variant") == "view_epilogue"
+    and c.family == "woq_int8" and x.get("scale_at") == "heads" and _small(c),
+    "view_epilogue, dynamic int8, a [D] bias after the view": lambda c, x: x.get("variant") == "view_epilogue"
+    and c.family == "dynamic_int8" and x["epi"] == "add_D" and "scale_at" not in x
+    and not x["heads"].startswith("1x") and _small(c),
+    "expanded_scale, dynamic int8, torchao's order": lambda c, x: x.get("variant") == "expanded_scale"
+    and c.family == "dynamic_int8" and x["order"] == "torchao" and x["x_scale"] == "m1" and _small(c),
+    "fp16_extreme, woq, scales up to 4096": lambda c, x: x.get("variant") == "fp16_extreme"
+    and c.family == "woq_int8" and x["scales"] == "large" and _small(c),
+    "training, woq, scale and bias require grad": lambda c, x: x.get("variant") == "training"
+    and c.family == "woq_int8" and x["grad"] == "both" and c.bias and _small(c),
+    "weight_write, dynamic int8, prepack cache": lambda c, x: x.get("variant") == "weight_write"
+    and c.family == "dynamic_int8" and x.get("isa") == "vnni" and c.k * c.n >= 1 << 22
+    and x["api"] in ("data_setitem", "numpy") and c.form not in ("AsymInt32", "PT2E_asym")
+    and c.preference == "AUTO" and not c.dynamic,
+    "mx_special, e8m0 code 255 -> 0": lambda c, x: x.get("variant") == "mx_special"
+    and x["special"] == "e255_zero" and _small(c),
+}  # fmt: skip
+
+
+def _pick_seeds() -> dict[str, int]:
+    sys.path.insert(0, str(SCRIPT.parent))
+    import fuzz_compile as fz
+
+    picks: dict[str, int] = {}
+    for seed in range(1, 200_000):
+        case = fz.make_case(seed, "cpu", fz.FAMILIES, VARIANTS)
+        for name, pred in PICKS.items():
+            if name not in picks and pred(case, case.extra):
+                picks[name] = seed
+        if len(picks) == len(PICKS):
+            return picks
+    raise AssertionError(f"no seed draws {sorted(set(PICKS) - set(picks))}")
+
+
+def test_fuzz_variants_one_case_per_defect_class(tmp_path: Path) -> None:
+    picks = _pick_seeds()
+    cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--only", *map(str, picks.values()),
+           "--variant", *VARIANTS, "--budget-s", "600", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    cases = {c["seed"]: c for c in json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]}
+    assert set(cases) == set(picks.values())
+    assert {c["outcome"] for c in cases.values()} <= OK, [(c["seed"], c["outcome"]) for c in cases.values()]
+    assert {c["extra"]["variant"] for c in cases.values()} == set(VARIANTS)
+    training = cases[picks["training, woq, scale and bias require grad"]]
+    checked = {m["what"] for m in training["metrics"]}
+    assert checked >= {"out", "grad x", "grad s", "grad b"}, training["metrics"]
+    written = cases[picks["weight_write, dynamic int8, prepack cache"]]
+    assert "qlower.qlinear_u8_cached" in written["lowerings"], written["report"]
+    assert len(written["metrics"]) >= 1 and "qlower failures: 0" in proc.stdout
