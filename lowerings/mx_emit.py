@@ -197,7 +197,17 @@ def dequant(
     x = elements_f32(em, q, q_layout, elem, k, device, nibbles)
     if k % fmt.BLOCK:
         s = scale_f32(em, s_src, s_layout, s_codes, s_assoc, rows, cols, device, special)
-        kk = em.call(aten.arange.start_step, 0, k, 1, dtype=torch.int64, device=device, pin_memory=False)
+        # prims.iota, not aten.arange: the pass runs after Inductor's decompositions, and a CUDA compile asserts
+        # on an aten.arange node it then meets ("both a fallback and a decomp for same op")
+        kk = em.call(
+            torch.ops.prims.iota.default,
+            k,
+            start=0,
+            step=1,
+            dtype=torch.int64,
+            device=device,
+            requires_grad=False,
+        )
         block = em.call(aten.bitwise_right_shift.Tensor_Scalar, kk, fmt.BLOCK.bit_length() - 1)
         return em.convert(em.call(aten.mul.Tensor, x, em.call(aten.index.Tensor, s, [None, block])), dtype)
     x = em.reshape(x, [-1, cols, fmt.BLOCK])

@@ -164,7 +164,8 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
         new_end = mm
     elif end is not bmm and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
         new_end = Emitter(graph, end, mark=False).call(aten.reshape.default, mm, list(end.args[1]))
-    else:
+    else:  # the chain ends in an op without shape arguments (squeeze, say): keep it, replace the bmm alone
+        end = bmm
         new_end = em.call(aten.reshape.default, mm, [1, *list(a.args[1])[1:2], n])
     end.replace_all_uses_with(new_end)
     _redirect_size_reads(em, chain, mm)

@@ -178,3 +178,18 @@ def test_truly_batched_weights_are_left_alone():
     w3 = torch.randint(-127, 128, (3, K, N), dtype=torch.int8)
     gm = trace_for_inductor(lambda x: torch.bmm(x, w3.to(BF16)), torch.randn(3, 5, K, dtype=BF16))
     assert shared_weight_bmm_to_mm(gm.graph) == 0
+
+
+@pytest.mark.parametrize("name", ["bsk,nk", "...k,nk scale first"])
+def test_einsum_in_a_training_graph_keeps_gradient_shapes(name):
+    """The backward's batch-1 bmm ends in a chain without shape arguments (permutes, then squeeze): the rewrite
+    replaces the bmm alone there, so the gradient keeps the input's shape and values."""
+    f, shape = FORMS[name]
+    x = torch.randn(*shape, dtype=BF16, generator=torch.Generator().manual_seed(7)).requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch.compile(f, options=qlower.inductor_options())(x).float().square().sum().backward()
+    f(x_ref).float().square().sum().backward()
+    assert x.grad.shape == x_ref.grad.shape
+    assert ((x.grad.float() - x_ref.grad.float()).norm() / x_ref.grad.float().norm()).item() < 2e-2
+    assert any(d.lowered for r in qlower.all_reports() for d in r), qlower.last_report().table()
