@@ -23,7 +23,7 @@ from typing import Any
 from torch import fx
 
 from qlower.lowerings.emit import Emitter
-from qlower.patterns.graph_utils import aten, is_call, known_eq, tensor_val
+from qlower.patterns.graph_utils import aten, is_call, known_eq, prims, tensor_val
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _UNIT_DIM_OPS = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -225,8 +225,30 @@ def shared_weight_bmm_to_mm(graph: fx.Graph) -> int:
     return done
 
 
+def converts_above_expands(graph: fx.Graph) -> int:
+    """`convert(expand(s))` -> `expand(convert(s))`: the same values (a dtype convert is elementwise), but the
+    expand now sits on top, where recognizers strip it to the small tensor whose meaning they prove (a
+    per-channel scale written `s[:, None].expand(N, K).to(x.dtype)`). Returns how many."""
+    done = 0
+    for node in list(graph.nodes):
+        if not (
+            is_call(node, (prims.convert_element_type.default,))
+            and is_call(node.args[0], (aten.expand.default,))
+        ):
+            continue
+        expand = node.args[0]
+        em = Emitter(graph, node, mark=False)
+        small = em.call(prims.convert_element_type.default, expand.args[0], node.args[1])
+        node.replace_all_uses_with(em.call(aten.expand.default, small, list(expand.args[1])))
+        done += 1
+    if done:
+        graph.eliminate_dead_code()
+    return done
+
+
 def canonicalize(graph: fx.Graph) -> int:
     """Every rewrite of this module, in order; returns how many `bmm`s became `mm`."""
+    converts_above_expands(graph)
     return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph)
 
 

@@ -81,7 +81,7 @@ def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: 
     with torch.no_grad():
         torch.save({"x": xs, "want": [model(x) for x in xs]}, folder / "io.pt")
     shutil.copy(path, folder / "model.pt2")
-    shutil.rmtree(export_cache)
+    shutil.rmtree(export_cache, ignore_errors=True)  # absent where no shim library was built (CUDA Triton)
     shutil.rmtree(export_dir)
     return Moved(folder, report, wrapper, export_cache)
 

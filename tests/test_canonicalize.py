@@ -193,3 +193,21 @@ def test_einsum_in_a_training_graph_keeps_gradient_shapes(name):
     assert x.grad.shape == x_ref.grad.shape
     assert ((x.grad.float() - x_ref.grad.float()).norm() / x_ref.grad.float().norm()).item() < 2e-2
     assert any(d.lowered for r in qlower.all_reports() for d in r), qlower.last_report().table()
+
+
+@pytest.mark.parametrize("m", [1, 2, 17])
+def test_scale_converted_after_its_expand_is_lowered(m):
+    """`s[:, None].expand(N, K).to(bf16)` traces as convert(expand(s)); the convert moves under the expand
+    (converts_above_expands), so the recognizer strips the expand to the [N, 1] scale it proves."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, W.to(x.dtype) * S.float()[:, None].expand(N, K).to(x.dtype))
+
+    x = torch.randn(m, K, dtype=BF16, generator=torch.Generator().manual_seed(m))
+    report = apply_pass(trace_for_inductor(f, x))
+    (d,) = report.entries
+    assert d.family == "woq_int8" and d.lowered, report.table()
+    torch._dynamo.reset()
+    out = torch.compile(f, options=qlower.inductor_options())(x).double()
+    ref = _reference(x)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-2
