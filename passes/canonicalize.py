@@ -214,36 +214,34 @@ def _shared_weight_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     return True
 
 
-def shared_weight_bmm_to_mm(graph: fx.Graph) -> int:
-    """Rewrite every `bmm` of a 3-D activation and one expanded in-graph 2-D weight as `mm`; returns how many."""
-    done = 0
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is aten.bmm.default and _shared_weight_bmm(graph, node):
-            done += 1
+def _rewrite_each(graph: fx.Graph, target: Any, rewrite: Any) -> int:
+    """Apply `rewrite(graph, node) -> bool` to every call of `target`; dead code goes; returns how many."""
+    done = sum(bool(rewrite(graph, n)) for n in list(graph.nodes) if is_call(n, (target,)))
     if done:
         graph.eliminate_dead_code()
     return done
+
+
+def shared_weight_bmm_to_mm(graph: fx.Graph) -> int:
+    """Rewrite every `bmm` of a 3-D activation and one expanded in-graph 2-D weight as `mm`; returns how many."""
+    return _rewrite_each(graph, aten.bmm.default, _shared_weight_bmm)
 
 
 def converts_above_expands(graph: fx.Graph) -> int:
     """`convert(expand(s))` -> `expand(convert(s))`: the same values (a dtype convert is elementwise), but the
     expand now sits on top, where recognizers strip it to the small tensor whose meaning they prove (a
     per-channel scale written `s[:, None].expand(N, K).to(x.dtype)`). Returns how many."""
-    done = 0
-    for node in list(graph.nodes):
-        if not (
-            is_call(node, (prims.convert_element_type.default,))
-            and is_call(node.args[0], (aten.expand.default,))
-        ):
-            continue
-        expand = node.args[0]
-        em = Emitter(graph, node, mark=False)
-        small = em.call(prims.convert_element_type.default, expand.args[0], node.args[1])
-        node.replace_all_uses_with(em.call(aten.expand.default, small, list(expand.args[1])))
-        done += 1
-    if done:
-        graph.eliminate_dead_code()
-    return done
+    return _rewrite_each(graph, prims.convert_element_type.default, _convert_above_expand)
+
+
+def _convert_above_expand(graph: fx.Graph, node: fx.Node) -> bool:
+    expand = node.args[0]
+    if not is_call(expand, (aten.expand.default,)):
+        return False
+    em = Emitter(graph, node, mark=False)
+    small = em.call(prims.convert_element_type.default, expand.args[0], node.args[1])
+    node.replace_all_uses_with(em.call(aten.expand.default, small, list(expand.args[1])))
+    return True
 
 
 def canonicalize(graph: fx.Graph) -> int:
@@ -254,10 +252,4 @@ def canonicalize(graph: fx.Graph) -> int:
 
 def einsum_to_mm(graph: fx.Graph) -> int:
     """Rewrite every batch-1 `bmm` of a (reshaped) activation and an in-graph weight as `mm`; returns how many."""
-    done = 0
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is aten.bmm.default and _batch1_bmm(graph, node):
-            done += 1
-    if done:
-        graph.eliminate_dead_code()
-    return done
+    return _rewrite_each(graph, aten.bmm.default, _batch1_bmm)

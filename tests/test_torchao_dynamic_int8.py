@@ -81,37 +81,23 @@ def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
     ]
 
 
-@pytest.mark.parametrize("m, dynamic", [(1, False), (4, True)])
-def test_vnni_cpu_takes_u8s8_wherever_m_can_be_1(torchao_branch, monkeypatch, m, dynamic):
-    """On a VNNI CPU without AMX, an M that is 1 or symbolic never reaches s8s8 `_int_mm` (any K)."""
-    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
-    model = _quantized_linear(torch.bfloat16)
-    x = torch.randn(m, K, dtype=torch.bfloat16)
-    with torch.no_grad():
-        gm = trace_for_inductor(model, x, dynamic=dynamic)
-        report = apply_pass(gm)
-    assert [d.lowering for d in report] == ["aten._int_mm.u8s8"], report.table()
-    assert _int_mm_operand_dtypes(gm) == [torch.uint8]
-
-
-def test_vnni_cpu_keeps_s8s8_where_m_is_at_least_2(torchao_branch, monkeypatch):
-    """The rule costs nothing where s8s8 is right and measured faster (static M >= 2, K < 4096)."""
-    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "vnni")
+@pytest.mark.parametrize(
+    "isa, m, dynamic, want",
+    [
+        ("vnni", 1, False, "aten._int_mm.u8s8"),  # M = 1 never reaches s8s8 on VNNI CPUs without AMX, any K
+        ("vnni", 4, True, "aten._int_mm.u8s8"),  # nor a symbolic M, which can be 1
+        ("vnni", 2, False, "aten._int_mm"),  # static M >= 2, K < 4096: s8s8 is right and measured faster
+        ("none", 1, False, "aten._int_mm"),  # other CPUs keep s8s8 at M = 1
+    ],
+)
+def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, monkeypatch, isa, m, dynamic, want):
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
     model = _quantized_linear(torch.bfloat16)
     with torch.no_grad():
-        gm = trace_for_inductor(model, torch.randn(2, K, dtype=torch.bfloat16))
+        gm = trace_for_inductor(model, torch.randn(m, K, dtype=torch.bfloat16), dynamic=dynamic)
         report = apply_pass(gm)
-    assert [d.lowering for d in report] == ["aten._int_mm"], report.table()
-    assert _int_mm_operand_dtypes(gm) == [torch.int8]
-
-
-def test_non_vnni_cpu_keeps_s8s8_at_m1(torchao_branch, monkeypatch):
-    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "none")
-    model = _quantized_linear(torch.bfloat16)
-    with torch.no_grad():
-        gm = trace_for_inductor(model, torch.randn(1, K, dtype=torch.bfloat16))
-        report = apply_pass(gm)
-    assert [d.lowering for d in report] == ["aten._int_mm"], report.table()
+    assert [d.lowering for d in report] == [want], report.table()
+    assert _int_mm_operand_dtypes(gm) == [torch.uint8 if want.endswith("u8s8") else torch.int8]
 
 
 @pytest.mark.gpu
