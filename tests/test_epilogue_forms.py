@@ -255,7 +255,14 @@ def test_woq_flatten_view_keeps_scale_and_bias_inside(scaled: str, dynamic: bool
 
 
 @pytest.fixture
-def _s8s8(monkeypatch: pytest.MonkeyPatch) -> None:
+def _s8s8(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """s8s8 `_int_mm` on any CPU, so the lowering is the same everywhere; except M = 1 on VNNI CPUs without AMX,
+    where s8s8 itself (eager as lowered) is wrong (tests/test_torchao_dynamic_int8.py)."""
+    from qlower.lowerings.dynamic_int8_lowerings import cpu_int8_isa
+
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("m") == 1 and cpu_int8_isa() == "vnni":
+        pytest.skip("s8s8 _int_mm at M = 1 is wrong on VNNI CPUs without AMX: no s8s8 reference here")
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "none")
 
 
