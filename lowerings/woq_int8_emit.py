@@ -117,7 +117,11 @@ def _dequantized_weight(em: Emitter, rec: QuantLinear) -> fx.Node:
     """The weight the matmul of the graph reads, in the compute dtype: w.to(dtype), times the scale where the
     graph scales the weight (exact product in fp32, rounded once to the graph's product dtype, as eager)."""
     if rec.weight_scale is None or not scale_on_weight(rec):
-        return em.convert(rec.weight, rec.compute_dtype)
+        # int8 -> fp32 -> compute dtype (exact, one fused kernel): Inductor's own woq rewrite matches
+        # `mm(x, convert(w_int8).t())` followed by a `mul` even when a view that splits N sits between (a
+        # per-head scale) and then fails to lower; it does not match a weight converted from fp32
+        # (tests/test_epilogue_forms.py::test_woq_scale_after_split_view_compiles)
+        return em.convert(em.convert(rec.weight, torch.float32), rec.compute_dtype)
     out = product_dtype(rec)
     wide = torch.promote_types(out, torch.float32)
     deq = em.call(aten.mul.Tensor, em.convert(rec.weight, wide), _weight_scale_for_dequant(em, rec, wide))

@@ -94,12 +94,13 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
         self.assertExpectedInline(
             text,
             """\
-convert_element_type_default: bfloat16[32, 64] = prims.convert_element_type(arg0_1, bfloat16)
-permute_default: bfloat16[64, 32] = aten.permute(convert_element_type_default, [1, 0])
+convert_element_type_default: float32[32, 64] = prims.convert_element_type(arg0_1, float32)
+convert_element_type_default_1: bfloat16[32, 64] = prims.convert_element_type(convert_element_type_default, bfloat16)
+permute_default: bfloat16[64, 32] = aten.permute(convert_element_type_default_1, [1, 0])
 mm_default: bfloat16[256, 32] = aten.mm(arg2_1, permute_default)
-convert_element_type_default_1: float32[32] = prims.convert_element_type(arg1_1, float32)
-mul_tensor: float32[256, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_1)
-convert_element_type_default_2: bfloat16[256, 32] = prims.convert_element_type(mul_tensor, bfloat16)""",
+convert_element_type_default_2: float32[32] = prims.convert_element_type(arg1_1, float32)
+mul_tensor: float32[256, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_2)
+convert_element_type_default_3: bfloat16[256, 32] = prims.convert_element_type(mul_tensor, bfloat16)""",
         )
 
     def test_dynamic_m_guarded_choice(self):
@@ -123,13 +124,14 @@ reshape_default: bfloat16[s77, s27, 32] = aten.reshape(woq_int8_mm_by_m_default,
             text,
             """\
 view: bfloat16[6, 24] = aten.view(arg2_1, [6, 24])
-convert_element_type_default: bfloat16[32, 24] = prims.convert_element_type(arg0_1, bfloat16)
-permute_default: bfloat16[24, 32] = aten.permute(convert_element_type_default, [1, 0])
+convert_element_type_default: float32[32, 24] = prims.convert_element_type(arg0_1, float32)
+convert_element_type_default_1: bfloat16[32, 24] = prims.convert_element_type(convert_element_type_default, bfloat16)
+permute_default: bfloat16[24, 32] = aten.permute(convert_element_type_default_1, [1, 0])
 mm_default: bfloat16[6, 32] = aten.mm(view, permute_default)
-convert_element_type_default_1: float32[32] = prims.convert_element_type(arg1_1, float32)
-mul_tensor: float32[6, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_1)
-convert_element_type_default_2: bfloat16[6, 32] = prims.convert_element_type(mul_tensor, bfloat16)
-reshape_default: bfloat16[2, 3, 32] = aten.reshape(convert_element_type_default_2, [2, 3, 32])""",
+convert_element_type_default_2: float32[32] = prims.convert_element_type(arg1_1, float32)
+mul_tensor: float32[6, 32] = aten.mul.Tensor(mm_default, convert_element_type_default_2)
+convert_element_type_default_3: bfloat16[6, 32] = prims.convert_element_type(mul_tensor, bfloat16)
+reshape_default: bfloat16[2, 3, 32] = aten.reshape(convert_element_type_default_3, [2, 3, 32])""",
         )
 
     def test_symbolic_weight_shape_still_rewritten_safely(self):
