@@ -128,28 +128,14 @@ def scale_multiply(rec: QuantLinear) -> tuple[fx.Node, Any] | None:
     return None
 
 
-def _depends_on(node: Any, target: fx.Node, budget: int = 64) -> bool:
-    """Whether `target` is `node` or among its inputs, breadth first (the matmul's input is a few steps
-    above an output-scale multiply's other operand; a weight-scale multiply's reaches only the weight)."""
-    todo, seen = [node], set()
-    while todo and len(seen) < budget:
-        cur = todo.pop(0)
-        if cur is target:
-            return True
-        if not isinstance(cur, fx.Node) or cur in seen:
-            continue
-        seen.add(cur)
-        todo.extend(cur.all_input_nodes)
-    return False
-
-
 def scale_on_weight(rec: QuantLinear) -> bool:
     """Whether the graph multiplies the scale into the weight (`w.to(dtype) * s`) rather than into the matmul
-    result: then the scaled, rounded weight is what the user computed, overflow to inf included."""
-    found = scale_multiply(rec)
-    if found is None:
-        return "weight_scale" in rec.form.split("+")
-    return not _depends_on(found[1], rec.x)
+    result: then the scaled, rounded weight is what the user computed, overflow to inf included. The
+    recognizer proved where the scale sits (`details["scale_site"]`); records from elsewhere say it in `form`."""
+    site = rec.details.get("scale_site")
+    if site is not None:
+        return site == "weight"
+    return rec.weight_scale is not None and "weight_scale" in rec.form.split("+")
 
 
 def product_dtype(rec: QuantLinear) -> torch.dtype:

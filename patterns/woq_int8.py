@@ -236,6 +236,10 @@ def _match(site: MatmulSite) -> Candidate | None:
         out_shape=out_shape,
         nodes=tuple(chain) + tuple(path.nodes),
         form=form,
+        # where the user's formula multiplies the scale: into the weight, or into the matmul result
+        details={
+            "scale_site": "weight" if path.scale is not None else "output" if scale is not None else None
+        },
     )
 
 
