@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from qlower.patterns import mx_format as fmt
-from qlower.patterns.graph_utils import aten, tensor_val
+from qlower.patterns.graph_utils import aten, prims, tensor_val
 from qlower.patterns.record import QuantLinear
 
 from .emit import Emitter, finish
@@ -300,3 +300,35 @@ def emit_scaled_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     )
     core = em.call(aten._scaled_mm.default, a, b, sa, sb, None, None, rec.compute_dtype)
     return finish(em, rec, core)
+
+
+def legalize_e8m0(graph: fx.Graph) -> int:
+    """Rewrite the e8m0 conversions left in a graph into `decode_codes` (exact); returns how many.
+
+    What no recognizer lowered still reads e8m0 values: a backward's grad-input matmul through the weight's
+    dequantization (its blocks run along N), or a decode a recognizer left alone. Inductor's C++ backend cannot
+    even declare an e8m0 buffer (`KeyError: torch.float8_e8m0fnu`, stock `torch.compile` too), so such a graph
+    would not compile. A float conversion becomes the bit decode of `qlower::mx_bytes`' copy (code 255 -> NaN,
+    0 -> 2**-127: `c10::Float8_e8m0fnu`'s values) and a bitcast to uint8 / int8 becomes that copy
+    (tests/test_mx_training.py).
+    """
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        src, out = tensor_val(node.args[0]), tensor_val(node)
+        if src is None or out is None or src.dtype != torch.float8_e8m0fnu:
+            continue
+        em = Emitter(graph, node)
+        converts = node.target in (prims.convert_element_type.default, aten._to_copy.default)
+        if converts and out.dtype.is_floating_point and out.device == src.device:
+            new = em.convert(decode_codes(em, node.args[0], src.device), out.dtype)
+        elif node.target is aten.view.dtype and out.dtype in (torch.uint8, torch.int8):
+            u8 = as_u8_copy(em, node.args[0])
+            new = u8 if out.dtype == torch.uint8 else em.call(aten.view.dtype, u8, torch.int8)
+        else:
+            continue
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
+    return count

@@ -18,6 +18,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from qlower.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.lowerings.mx_emit import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
@@ -74,6 +75,8 @@ class QLowerPass(CustomGraphPass):
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
         for family in self.families:
             self._lower_family(graph, family, report)
+        if "mx" in self.families:
+            legalize_e8m0(graph)  # what stays unlowered must still compile (no e8m0 type in C++ codegen)
         graph.lint()
         aoti_runtime.prepare_compile(graph)  # AOTInductor: call qlower's ops through C shims
 

@@ -182,6 +182,7 @@ MX_SPECIALS: dict[str, tuple[str, ...]] = {
     "lut_buffer": ("e2m1",),  # the e2m1 table a module buffer
     "lut_custom": ("e2m1",),  # a buffer holding another 16-entry codebook (NF4's)
     "hi_nibble": ("e2m1",),  # fp4 packed with the even element in the high nibble
+    "spec_codes": ("e4m3", "e5m2"),  # the spec's decode (255 -> NaN) over NaN / Inf elements: lowered
 }
 FP8_NAN_CODES = {"e4m3": (0x7F, 0xFF), "e5m2": (0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF)}
 NF4_TABLE = (
@@ -206,12 +207,13 @@ class MXSpecial(torch.nn.Module):
         q, e = fmt.quantize(torch.randn(n, k, generator=g) * k**-0.5, elem)
         pick = torch.rand(e.shape, generator=g)
         e = torch.where(pick < 0.05, 0, e).to(torch.uint8)
-        if special in ("e255_zero", "e8m0_nan_zero"):
-            e = torch.where(pick > 0.9, 255, e).to(torch.uint8)
-        if special == "nan_elems":
+        if special in ("e255_zero", "e8m0_nan_zero", "spec_codes"):
+            e = torch.where(pick > (0.99 if special == "spec_codes" else 0.9), 255, e).to(torch.uint8)
+        if special in ("nan_elems", "spec_codes"):
             qb = q.view(torch.uint8).clone()
-            hit = torch.rand(qb.shape, generator=g) < 0.03
-            codes = torch.tensor(FP8_NAN_CODES[elem], dtype=torch.uint8)
+            hit = torch.rand(qb.shape, generator=g) < (0.0005 if special == "spec_codes" else 0.03)
+            plant = fmt.ELEM_SPECIAL_CODES[elem] if special == "spec_codes" else FP8_NAN_CODES[elem]
+            codes = torch.tensor(plant, dtype=torch.uint8)
             qb[hit] = codes[torch.randint(len(codes), (int(hit.sum()),), generator=g)]
             q = qb.view(q.dtype)
         if special == "hi_nibble":
@@ -243,6 +245,8 @@ class MXSpecial(torch.nn.Module):
             return torch.where(self.e == 255, 0.0, torch.exp2(self.e.float() - 127))
         if self.special == "e8m0_nan_zero":
             return torch.nan_to_num(self.e.float(), nan=0.0)
+        if self.special == "spec_codes":  # torchao's guard
+            return torch.where(self.e == 255, float("nan"), torch.exp2(self.e.float() - 127))
         return torch.exp2(self.e.float() - 127)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -199,3 +199,24 @@ def test_dynamic_m_decode_buckets():
             assert "mx_hfma_gemv_kernel" in "\n".join(codes) and "mx_decode_mm_kernel" in "\n".join(codes)
         ref = x.double() @ fmt.dequantize_f64(f.q, f.e, "e2m1").t()
         assert _rel(y, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("m", [1, 3, 9, 64])
+def test_every_fp8_code_decodes_as_torch(elem, m):
+    """Row n of the weight holds fp8 code n, then zeros; x = 1: out[:, n] is code n's value (NaN, Inf too),
+    through whichever kernel `qlower::mx_linear` picks at this M (BITS / CVT decoders, the fp8 casts)."""
+    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE
+
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[elem]
+    n, k = 256, 256
+    wq = torch.zeros(n, k, dtype=torch.uint8, device=DEV)
+    wq[:, 0] = torch.arange(256, dtype=torch.uint8, device=DEV)
+    want = wq[:, 0].view(dtype).float().expand(m, n)
+    wc = torch.full((n, k // 32), 127, dtype=torch.uint8, device=DEV)
+    x = torch.ones(m, k, dtype=torch.bfloat16, device=DEV)
+    out = torch.ops.qlower.mx_linear(
+        x, None, wq, fmt.to_swizzled(wc), None, 0, ELEM_CODE[elem], False, True, torch.float32
+    )
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out.nan_to_num(), want.nan_to_num())

@@ -203,3 +203,43 @@ def test_dynamic_m_buckets_cover_m1_under_the_size_assumption():
         assert len(on) == 1 and len(on) + len(off) == len(gates), (v, on)
         lo, hi = on[0]
         assert lo <= v and (hi is None or v <= hi), (v, on)
+
+
+SPECIAL_CODES_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from qlower.patterns import mx_format as fmt
+    from qlower.lowerings.triton_kernels import mx_ops
+    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE
+
+    # The BITS decoder (tl bit ops), the one the interpreter runs.
+    # Row n of the weight holds fp8 code n first, zeros after; x = 1: out[:, n] is code n's value, so every
+    # code (NaN and Inf encodings included) is checked against torch's own float8 cast.
+    n, k = 256, 256
+    for elem, dtype in (("e4m3", torch.float8_e4m3fn),):  # e5m2: the interpreter's fp8e5 cast is finite on
+        # Inf/NaN codes (Triton 3.x emulation), so its check runs on the GPU (tests/test_mx_gpu.py)
+        wq = torch.zeros(n, k, dtype=torch.uint8)
+        wq[:, 0] = torch.arange(256, dtype=torch.uint8)
+        want = wq[:, 0].view(dtype).float()
+        wc = torch.full((n, k // 32), 127, dtype=torch.uint8)
+        for m in (1, 9):
+            cfg = mx_ops.pick_decode(m, ELEM_CODE[elem], k, n)
+            x = torch.ones(m, k, dtype=torch.float16)
+            out = torch.ops.qlower.mx_linear(x, None, wq, fmt.to_swizzled(wc), None, 0, ELEM_CODE[elem], False,
+                                             True, torch.float32)
+            same = torch.equal(out.isnan(), want.isnan().expand(m, n)) and torch.equal(
+                out.nan_to_num(), want.nan_to_num().expand(m, n))
+            print(elem, m, cfg.short() if cfg else "mm", "OK" if same else "BAD")
+    """
+)
+
+
+def test_every_fp8_code_decodes_as_torch_in_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SPECIAL_CODES_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "/bits" in lines[0] and "/bits" in lines[1], proc.stdout  # decode kernels
+    assert all(line.endswith("OK") for line in lines), proc.stdout

@@ -51,14 +51,20 @@ def _bits_elem(w, e: tl.constexpr, W_FMT: tl.constexpr):
         sh: tl.constexpr = 4 * e
         mag = ((w >> sh) & 7) << 22
         sgn = ((w >> (sh + 3)) & 1) << 31
+        return (mag | sgn).to(tl.float32, bitcast=True)
     else:
+        # fp8 codes with an all-ones exponent are not numbers of the shifted pattern: e4m3 S.1111.111 is NaN;
+        # e5m2 S.11111.00 is +-Inf and S.11111.xx NaN (OCP FP8 spec; torch's float8 casts agree).
         sh8: tl.constexpr = 8 * e
-        if W_FMT == 1:
-            mag = ((w >> sh8) & 0x7F) << 20
-        else:
-            mag = ((w >> sh8) & 0x7F) << 21
+        b7 = (w >> sh8) & 0x7F
         sgn = ((w >> (sh8 + 7)) & 1) << 31
-    return (mag | sgn).to(tl.float32, bitcast=True)
+        if W_FMT == 1:
+            v = ((b7 << 20) | sgn).to(tl.float32, bitcast=True)
+            return tl.where(b7 == 0x7F, float("nan"), v)
+        else:
+            v = ((b7 << 21) | sgn).to(tl.float32, bitcast=True)
+            inf = (sgn | 0x7F800000).to(tl.float32, bitcast=True)
+            return tl.where(b7 >= 0x7C, tl.where(b7 == 0x7C, inf, float("nan")), v)
 
 
 _ASM_E2M1_CVT = tl.constexpr(
