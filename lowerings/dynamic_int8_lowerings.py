@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -74,23 +75,36 @@ def _int8_operands(rec: QuantLinear) -> str | None:
     return None
 
 
-def s8s8_gemv_unsafe(rec: QuantLinear) -> bool:
-    """Whether an s8s8 `_int_mm` here may take oneDNN's M = 1 GEMV path on a VNNI CPU without AMX.
+@functools.cache
+def int_mm_takes_uint8() -> bool:
+    """Whether this torch's CPU `_int_mm` accepts a uint8 activation (torch 2.13 does; 2.11 raises "expected
+    self to be int8", measured on the H200 host)."""
+    try:
+        torch._int_mm(torch.zeros(1, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.int8))
+    except RuntimeError:
+        return False
+    return True
 
-    On such CPUs a torchao dynamic-int8 decode step (M = 1) lowered to s8s8 `_int_mm` returned values off by
-    10^3-10^4x while M >= 2 and the u8s8 form torchao itself runs there were right; on AVX2 and AMX CPUs s8s8 is
-    right at every M. So on VNNI-only CPUs every M that can be 1 (a static 1, or a symbolic M) takes u8s8.
-    Checked by tests/test_torchao_dynamic_int8.py on whatever CPU runs the suite.
+
+def u8s8_at_m1(rec: QuantLinear) -> bool:
+    """Whether an M that can be 1 (a static 1, or a symbolic M) takes u8s8 rather than s8s8 `_int_mm`.
+
+    On VNNI CPUs without AMX, where torch's `_int_mm` takes uint8: the form torchao itself runs there, and
+    measured faster at M = 1 (0.97 vs 1.12 ms at 4096^2, the table above). The M = 1 garbage once blamed on
+    s8s8 there was a stride-0 leading dimension (`inductor_fixes.dense_unit_strides`); s8s8 with dense operands
+    was exact at M = 1, 2, 3, 17 under oneDNN's AVX512_CORE_VNNI ISA cap (H200 host Xeon, torch 2.11), but
+    no VNNI-only CPU has run it since, so M = 1 keeps the form that was right there.
     """
-    return cpu_int8_isa() == "vnni" and not (is_static(rec.m) and int(rec.m) >= 2)
+    m1 = not (is_static(rec.m) and int(rec.m) >= 2)
+    return m1 and cpu_int8_isa() == "vnni" and int_mm_takes_uint8()
 
 
 def _supports_cpu_s8s8(rec: QuantLinear) -> str | None:
     why = _int8_operands(rec)
     if why:
         return why
-    if s8s8_gemv_unsafe(rec):
-        return "s8s8 _int_mm at M = 1 is wrong on VNNI CPUs without AMX (its GEMV path): u8s8 instead"
+    if u8s8_at_m1(rec):
+        return "an M that can be 1 takes u8s8 on VNNI CPUs without AMX (u8s8_at_m1)"
     return None
 
 
@@ -175,8 +189,10 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
     isa = cpu_int8_isa()
     if isa != "vnni":
         return f"u8s8 only pays on VNNI CPUs without AMX (this CPU: {isa})"
-    if s8s8_gemv_unsafe(rec):
-        return None  # correctness, not speed: s8s8 is wrong at M = 1 here
+    if not int_mm_takes_uint8():
+        return f"torch {torch.__version__}'s CPU _int_mm takes int8 activations only"
+    if u8s8_at_m1(rec):
+        return None
     if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
         return f"M={int(rec.m)} < {CPU_U8_MIN_M}: s8s8 takes a GEMV path as fast, without column sums"
     if rec.k < CPU_U8_MIN_K:

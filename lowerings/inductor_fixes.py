@@ -35,11 +35,54 @@ def fix_int8pack_lowering() -> None:
 
     @functools.wraps(original)
     def lowering_with_realized_scale(x, w, scale, *args, **kwargs):
-        w, scale = ir.ExternKernel.require_contiguous(w), realize_inputs(scale)
+        x, w, scale = dense_unit_strides(x), ir.ExternKernel.require_contiguous(w), realize_inputs(scale)
         return original(x, as_tensor_box(w), as_tensor_box(scale), *args, **kwargs)
 
     lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
     lowering.lowerings[op] = lowering_with_realized_scale
+
+
+def dense_unit_strides(x):
+    """A 2-D operand whose size-1 dim has a stride below the other dim's size, re-viewed with that size.
+
+    Inductor views a [1, 1, K] buffer as [1, K] with strides (0, 1). The memory it names is the same for any
+    stride of a size-1 dim, but oneDNN takes that stride as the leading dimension: `_int_mm` read garbage
+    there on the AVX512 Xeon of the H200 host (torch 2.11; rel err ~1e4 on torchao dynamic int8 at x
+    [1, 1, K]; tests/test_torchao_dynamic_int8.py::test_int_mm_operands_have_dense_leading_dims). A new view
+    of the same storage (never a copy) with leading dimension K is what a dense [1, K] tensor has.
+    """
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    x = ir.ExternKernel.realize_input(x)
+    if not isinstance(x, ir.ReinterpretView) or len(x.get_size()) != 2:
+        return x
+    known = V.graph.sizevars.statically_known_equals
+    size, stride = list(x.get_size()), list(x.get_stride())
+    for i, j in ((0, 1), (1, 0)):
+        if known(size[i], 1) and known(stride[j], 1) and not known(stride[i], size[j]):
+            stride[i] = size[j]
+            layout = ir.FixedLayout(x.get_device(), x.get_dtype(), size, stride, x.layout.offset)
+            return ir.ReinterpretView(data=x.data, layout=layout)
+    return x
+
+
+@functools.cache
+def fix_int_mm_unit_strides() -> None:
+    """Give `_int_mm`'s operands dense leading dimensions (`dense_unit_strides`) on every device."""
+    from torch._inductor import lowering
+
+    op = aten._int_mm.default
+    original = lowering.lowerings.get(op)
+    if original is None or getattr(original, "_qlower_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def int_mm_with_dense_operands(a, b, *args, **kwargs):
+        return original(dense_unit_strides(a), dense_unit_strides(b), *args, **kwargs)
+
+    int_mm_with_dense_operands._qlower_wrapped = True  # type: ignore[attr-defined]
+    lowering.lowerings[op] = int_mm_with_dense_operands
 
 
 @functools.cache

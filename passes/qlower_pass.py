@@ -17,7 +17,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from qlower.aoti import runtime as aoti_runtime
-from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.lowerings import KernelPreference, choose, fingerprint, inductor_fixes
 from qlower.lowerings.mx_emit import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
@@ -73,6 +73,7 @@ class QLowerPass(CustomGraphPass):
         report = reporting.start_graph()
         reporting.dump_graph(graph)
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
+        inductor_fixes.fix_int_mm_unit_strides()  # any `_int_mm` in this graph, lowered by qlower or not
         for family in self.families:
             self._lower_family(graph, family, report)
         if "mx" in self.families:

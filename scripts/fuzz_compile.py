@@ -77,6 +77,7 @@ import math
 import os
 import platform
 import random
+import re
 import sys
 import time
 import traceback
@@ -88,6 +89,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.utils import run_and_get_code
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -132,6 +134,7 @@ DYN_FORMS: dict[str, tuple[type, dict[str, Any]]] = {
     "DequantBoth": (dyn.DequantBoth, {}),
     "DequantEinsum": (dyn.DequantEinsum, {}),
     "AsymInt32": (dyn.AsymInt32, {}),
+    "QuantizeThenFlatten": (dyn.QuantizeThenFlatten, {}),
     "PT2E": (dyn.PT2E, {}),
     "PT2E_asym": (dyn.PT2E, {"asymmetric": True}),
 }
@@ -987,7 +990,11 @@ def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = Fa
             continue
         if case.dynamic and not obs:
             torch._dynamo.mark_dynamic(x, x.dim() - 2)
-        out = compiled(x)
+        if obs:
+            out = compiled(x)
+        else:  # the compiling call: its generated code is checked too
+            out, codes = run_and_get_code(compiled, x)
+            LEADING_DIMS[0].extend(short_leading_dims(codes))
         if case.device == "cuda":
             torch.cuda.synchronize()
         prog.stage = "check (eager model or reference)"
@@ -998,6 +1005,29 @@ def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = Fa
         ref = None if built.ref is None else built.ref(x)
         obs.append(Obs(x, out, built.eager(x), ref, after_write=written))
     return obs
+
+
+LEADING_DIMS: list[Any] = [None]  # the running case's findings (a list, set by _run_case)
+_VIEW = re.compile(r"reinterpret_tensor\(\w+, \((\d+), (\d+)\), \((\d+), (\d+)\)")
+_GEMM_CALL = re.compile(r"(_int_mm|_weight_int8pack_mm|\bmm|addmm|bmm|_scaled_mm)(_out)?\(")
+
+
+def short_leading_dims(codes: list[str]) -> list[str]:
+    """Matmul calls in generated code whose 2-D operand view has a size-1 dim with a stride below the other
+    dim's size (a [1, K] view with strides (0, 1), say). Such a view names the right memory, but oneDNN took
+    that stride as the leading dimension: `_int_mm` read garbage on AVX512 CPUs while AVX2 ones (this
+    fuzzer's CI) read it right, so the code is checked, not just the numbers (lowerings/inductor_fixes.py
+    `dense_unit_strides`)."""
+    bad = []
+    for code in codes:
+        for line in code.splitlines():
+            if not _GEMM_CALL.search(line):
+                continue
+            for rows, cols, s0, s1 in _VIEW.findall(line):
+                r, c, a, b = int(rows), int(cols), int(s0), int(s1)
+                if (r == 1 and b == 1 and a < c) or (c == 1 and a == 1 and b < r):
+                    bad.append(line.strip()[:200])
+    return bad
 
 
 def _fresh_references(case: Case, obs: list[Obs]) -> None:
@@ -1060,13 +1090,18 @@ def _run_case(case: Case) -> dict[str, Any]:
     t0 = time.perf_counter()
     obs: list[Obs] = []
     exc: BaseException | None = None
+    whys_dims: list[str] = []
     prog = Progress()
     built: Built | None = None
     diff = differential(case)
     try:
         built = build(case)
         prog.stage = "compile/run"
+        dims = LEADING_DIMS[0] = []
         obs = _execute(case, built, _compile(built.model, case), prog, diff)
+        if dims:  # eager's own matmuls get dense operands: a short leading dim is the compiled code's
+            whys_dims = [f"matmul operand with a short leading dimension: {dims[0]}"]
+            rec["leading_dims"] = dims[:5]
     except Exception as e:  # noqa: BLE001 - every exception is a fuzz result
         exc = e
     stage = prog.stage
@@ -1085,6 +1120,8 @@ def _run_case(case: Case) -> dict[str, Any]:
     if exc is None:
         try:
             status, rec["metrics"], whys = _judge(case, built.model, obs)
+            if whys_dims:
+                status, whys = "fail", [*whys, *whys_dims]
         except Exception as e:  # noqa: BLE001
             exc, stage = e, "check (eager model or reference)"
     if exc is not None:

@@ -59,6 +59,17 @@ class IntMMDivide(Form):
         return self.finish(torch._int_mm(xq, self.q_nk().t()) * sx * self.s, x)
 
 
+class QuantizeThenFlatten(Form):
+    """torchao's order: per-token quantize the N-D activation, then flatten codes and scales for `_int_mm`
+    (at x [1, 1, K] Inductor once handed `_int_mm` a [1, K] view with strides (0, 1))."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, sx = per_token(x)
+        k = x.shape[-1]
+        y = torch._int_mm(xq.reshape(-1, k), self.q_nk().t()) * sx.reshape(-1, 1) * self.s
+        return self.finish(y, x)
+
+
 class IntMMReciprocal(Form):
     """Hand-written: multiply by the reciprocal, clamp [-128, 127], scales applied weight-first."""
 

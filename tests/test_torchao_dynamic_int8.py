@@ -1,9 +1,10 @@
 """torchao `Int8DynamicActivationInt8WeightConfig` at decode sizes (M = 1, 2, 3, 17), both of torchao's CPU
-spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), and the rule that keeps s8s8 `_int_mm`
-away from M = 1 on VNNI CPUs (`lowerings/dynamic_int8_lowerings.py: s8s8_gemv_unsafe`).
+spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), and which `_int_mm` takes an M that can
+be 1 (`lowerings/dynamic_int8_lowerings.py: u8s8_at_m1`).
 
-On a VNNI CPU without AMX an M = 1 linear lowered to s8s8 `_int_mm` was off by 10^3-10^4x while the u8s8 form
-was right; the numeric tests here run on whatever CPU runs the suite, the graph tests force the ISA.
+At x [1, 1, K] Inductor handed `_int_mm` a [1, K] view with strides (0, 1), and oneDNN on AVX512 CPUs took the
+0 for the leading dimension: outputs off by 10^3-10^4x (reproduced on the H200 host's Xeon, torch 2.11).
+The AVX2 CPUs this suite also runs on read such a view right, so the generated code is checked too.
 """
 
 from __future__ import annotations
@@ -85,6 +86,29 @@ def test_torchao_dynamic_int8_dynamic_m_every_size(torchao_branch):
             assert _rel(compiled(x), _exact_eager(model, x)) < TOL[torch.bfloat16], m
 
 
+@pytest.mark.parametrize("shape", [(1, 1, K), (1, K), (1, 1, 1, K), (3, 1, K)])
+def test_int_mm_operands_have_dense_leading_dims(torchao_branch, shape):
+    """Every `_int_mm` call in the generated code gets operands whose leading dimension spans the row
+    (`inductor_fixes.dense_unit_strides`), with the numbers right."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    model = _quantized_linear(torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        ref = _exact_eager(model, x)
+        torch._dynamo.reset()
+        out, codes = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
+    calls = [line for code in codes for line in code.splitlines() if "._int_mm(" in line]
+    assert calls, codes
+    for call in calls:
+        views = re.findall(r"reinterpret_tensor\(\w+, \((\d+), (\d+)\), \((\d+), (\d+)\)", call)
+        for rows, cols, s0, s1 in views:
+            assert (s1 == "1" and int(s0) >= int(cols)) or (s0 == "1" and int(s1) >= int(rows)), call
+    assert _rel(out, ref) < TOL[torch.bfloat16]
+
+
 def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
     return [
         n.args[0].meta["val"].dtype
@@ -103,7 +127,11 @@ def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
     ],
 )
 def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, monkeypatch, isa, m, dynamic, want):
+    from qlower.lowerings.dynamic_int8_lowerings import int_mm_takes_uint8
+
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
+    if not int_mm_takes_uint8():  # torch 2.11: no uint8 `_int_mm`, so s8s8 (with dense operands) everywhere
+        want = "aten._int_mm"
     model = _quantized_linear(torch.bfloat16)
     with torch.no_grad():
         gm = trace_for_inductor(model, torch.randn(m, K, dtype=torch.bfloat16), dynamic=dynamic)
