@@ -48,7 +48,7 @@ def test_legalized_decode_matches_torch_on_every_code():
     assert legalize_e8m0(gm.graph) == 4
     gm.recompile()
     assert _e8m0_readers(gm) == []
-    for got, want in zip(gm(codes), f(codes)):
+    for got, want in zip(gm(codes), f(codes), strict=True):
         assert got.dtype == want.dtype
         if want.dtype.is_floating_point:
             assert torch.equal(got.isnan(), want.isnan())
@@ -77,7 +77,7 @@ def test_training_with_e8m0_scales_compiles_and_matches_eager(a_elem, w_elem):
     torch._dynamo.reset()
     qlower.clear_reports()
     compiled = grads(torch.compile(model, options=qlower.inductor_options(families=("mx",))))
-    for got, want in zip(compiled, eager):
+    for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     rows = [d for r in qlower.all_reports() for d in r]
     assert [d.lowering for d in rows if str(d.shape[2]) == "96"] == ["mx_dequant_mm"], rows  # the forward
