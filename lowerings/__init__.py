@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from . import cpu, cuda, xpu
-from .errors import QLowerError, UnsupportedPlatformError
-from .preference import KernelPreference
-from .registry import (
+from qlower.lowerings.backends import cpu
+
+from qlower.lowerings.backends import cuda
+
+from qlower.lowerings.backends import xpu
+from qlower.lowerings.errors import QLowerError, UnsupportedPlatformError
+from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.registry import (
     Backend,
     Choice,
     Lowering,

@@ -15,8 +15,8 @@ from torch import fx
 
 from qlower.patterns.record import QuantLinear
 
-from .errors import UnsupportedPlatformError
-from .preference import KernelPreference
+from qlower.lowerings.errors import UnsupportedPlatformError
+from qlower.lowerings.preference import KernelPreference
 
 SupportsFn = Callable[[QuantLinear], "str | None"]
 EmitFn = Callable[[fx.Graph, QuantLinear], fx.Node]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .qlower_pass import QLowerPass
-from .report import Decision, Report, all_reports, clear_reports, last_report
+from qlower.passes.qlower_pass import QLowerPass
+from qlower.passes.report import Decision, Report, all_reports, clear_reports, last_report
 
 __all__ = ["Decision", "QLowerPass", "Report", "all_reports", "clear_reports", "last_report"]

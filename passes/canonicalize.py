@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import fx
 
-from qlower.lowerings.emit import Emitter
+from qlower.lowerings.emit.common import Emitter
 from qlower.patterns.graph_utils import aten, is_call, known_eq, prims, tensor_val
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)

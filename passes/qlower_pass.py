@@ -16,15 +16,16 @@ from pathlib import Path
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from qlower.aoti import runtime as aoti_runtime
-from qlower.lowerings import KernelPreference, choose, fingerprint, inductor_fixes
-from qlower.lowerings.mx_emit import legalize_e8m0
+from qlower.lowerings.aoti import runtime as aoti_runtime
+from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.lowerings.emit import inductor_fixes
+from qlower.lowerings.emit.mx import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
-from . import report as reporting
-from .canonicalize import canonicalize
+from qlower.passes import report as reporting
+from qlower.passes.canonicalize import canonicalize
 
 # Environment variables that change which lowering is chosen or how it is emitted.
 DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS", "QLOWER_CPU_PREPACK_CACHE")

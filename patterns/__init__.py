@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from torch import fx
 
-from . import dynamic_int8, mx, woq_int8
-from .record import ActQuant, Candidate, QuantLinear, Rejection
+from qlower.patterns import dynamic_int8, mx, woq_int8
+from qlower.patterns.record import ActQuant, Candidate, QuantLinear, Rejection
 
 FamilyFinder = Callable[[fx.Graph], "list[Candidate]"]
 

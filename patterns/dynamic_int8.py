@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .graph_utils import (
+from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     MUL_OPS,
@@ -45,7 +45,7 @@ from .graph_utils import (
     tensor_devices,
     tensor_val,
 )
-from .record import ActQuant, Candidate, QuantLinear, Rejection
+from qlower.patterns.record import ActQuant, Candidate, QuantLinear, Rejection
 
 FAMILY = "dynamic_int8"
 _MAX_WALK = 16

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from . import mx_format as fmt
-from .graph_utils import (
+from qlower.patterns import mx_format as fmt
+from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     HOST_DEVICE,
@@ -48,7 +48,7 @@ from .graph_utils import (
     prims,
     tensor_val,
 )
-from .record import ActQuant, Candidate, QuantLinear, Rejection
+from qlower.patterns.record import ActQuant, Candidate, QuantLinear, Rejection
 
 FAMILY = "mx"
 BLOCK = fmt.BLOCK

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .graph_utils import tensor_val
+from qlower.patterns.graph_utils import tensor_val
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .graph_utils import (
+from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     MUL_OPS,
@@ -35,7 +35,7 @@ from .graph_utils import (
     tensor_devices,
     tensor_val,
 )
-from .record import Candidate, QuantLinear, Rejection
+from qlower.patterns.record import Candidate, QuantLinear, Rejection
 
 FAMILY = "woq_int8"
 _MAX_WALK = 12

@@ -17,8 +17,8 @@ from qlower.lowerings import (
 from qlower.passes import Decision, QLowerPass, Report, all_reports, clear_reports, last_report
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 
-from .cpu_memory import keep_freed_cpu_memory
-from .options import inductor_options
+from qlower.cpu_memory import keep_freed_cpu_memory
+from qlower.options import inductor_options
 
 __version__ = "0.1.0"
 

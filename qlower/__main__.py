@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qlower", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    from qlower.aoti import cli as shims_cli
+    from qlower.lowerings.aoti import cli as shims_cli
 
     shims_cli.add_parser(sub)
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ Why: glibc serves allocations of >= 32 MiB from fresh mmaps and unmaps them on f
 128 KiB of free space, so a temporary of a dequantized weight page-faults on every call. On the CI VM that was
 most of the cost of CPU paths that dequantize in the graph: MX emulation at M=128, 4096x4096 went from 0.48x
 to 0.75x bf16 and at M=1 from 0.13x to 0.35x (BENCHMARKS.md). qlower's own woq-int8 lowering avoids it with a
-reused buffer (lowerings/cpu_scratch.py); this switch helps every other large temporary too.
+reused buffer (lowerings/kernels/cpu_scratch.py); this switch helps every other large temporary too.
 
 Cost: the process keeps its peak heap (RSS does not shrink after a large temporary is freed). It is a
 process-wide setting, so qlower never applies it by itself. Same effect without code:

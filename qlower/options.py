@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from qlower.aoti import runtime as aoti_runtime
+from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
 from qlower.lowerings.preference import parse_preference
 from qlower.passes import QLowerPass
@@ -70,7 +70,7 @@ def inductor_options(
         raise ValueError(
             "qlower.inductor_options: joint_custom_pre_pass is qlower's hook; chain your pass elsewhere"
         )
-    # AOTInductor: the pass fills these per compile with qlower's C shims (qlower/aoti/runtime.py).
+    # AOTInductor: the pass fills these per compile with qlower's C shims (lowerings/aoti/runtime.py).
     aoti = aoti_runtime.config_entries()
     return {
         "joint_custom_pre_pass": QLowerPass(fams, preference),

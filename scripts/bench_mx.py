@@ -86,7 +86,7 @@ SWEEP_SHAPES = {  # case -> (M, K, N): the issue's targets
 
 
 def sweep_configs(case: str) -> list:
-    from qlower.lowerings.triton_kernels.mx_ops import MXConfig
+    from qlower.lowerings.kernels.triton.mx_ops import MXConfig
 
     if case == "mxfp8_dynamic":
         tiles = [
@@ -132,7 +132,7 @@ _DEFAULT_NAME = {
 
 def apply_best() -> None:
     """Make the sweep's winners the configs `mx_ops.pick_config` returns (for an --e2e run right after)."""
-    from qlower.lowerings.triton_kernels import mx_ops
+    from qlower.lowerings.kernels.triton import mx_ops
 
     for case, cfg in BEST.items():
         setattr(mx_ops, _DEFAULT_NAME[case], cfg)
@@ -141,7 +141,7 @@ def apply_best() -> None:
 
 def sweep(out_dir: Path | None, rotate: int = 8) -> str:
 
-    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE, launch_config, pick_config
+    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, launch_config, pick_config
 
     dev = DEVICE
     lines = ["| case | M, K→N | config | µs | vs bf16 | rel err |", "|---|---|---|---|---|---|"]

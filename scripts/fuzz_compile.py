@@ -1016,7 +1016,7 @@ def short_leading_dims(codes: list[str]) -> list[str]:
     """Matmul calls in generated code whose 2-D operand view has a size-1 dim with a stride below the other
     dim's size (a [1, K] view with strides (0, 1), say). Such a view names the right memory, but oneDNN took
     that stride as the leading dimension: `_int_mm` read garbage on AVX512 CPUs while AVX2 ones (this
-    fuzzer's CI) read it right, so the code is checked, not just the numbers (lowerings/inductor_fixes.py
+    fuzzer's CI) read it right, so the code is checked, not just the numbers (lowerings/emit/inductor_fixes.py
     `dense_unit_strides`)."""
     bad = []
     for code in codes:

@@ -22,9 +22,9 @@ from aoti_cuda import needs_cuda_package_load
 from torch import nn
 
 import qlower
-from qlower.aoti import build
-from qlower.aoti import ops as shim_ops
-from qlower.aoti.dtypes import shim_has_dtype
+from qlower.lowerings.aoti import build
+from qlower.lowerings.aoti import shim_ops
+from qlower.lowerings.aoti.dtypes import shim_has_dtype
 from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS
 
@@ -40,7 +40,7 @@ class MxWeightOnlyLinear(nn.Module):
         super().__init__()
         q, codes = mx_format.quantize(linear.weight.detach().float(), elem)
         self.elem = elem
-        # MX dtypes where the shim can name them (torch >= 2.12), else raw bytes (qlower.aoti.dtypes says why)
+        # MX dtypes where the shim can name them (torch >= 2.12), else raw bytes (qlower.lowerings.aoti.dtypes says why)
         mx_dtypes = shim_has_dtype(torch.float4_e2m1fn_x2) and shim_has_dtype(torch.float8_e8m0fnu)
         self.register_buffer("q", q.view(torch.float4_e2m1fn_x2) if elem == "e2m1" and mx_dtypes else q)
         self.register_buffer("codes", codes.view(torch.float8_e8m0fnu) if mx_dtypes else codes)
@@ -166,7 +166,7 @@ print("ok")
 def test_package_runs_without_qlower_python_on_the_cpp_ops_library(export, tmp_path):
     """A C++ deployment: no qlower Python, the ops come from libqlower_ops.so (schemas generated from Python).
 
-    Every qlower op has a C++ kernel (qlower/csrc/qlower_ops.cpp) giving bit-identical results to its Python
+    Every qlower op has a C++ kernel (lowerings/kernels/csrc/qlower_ops.cpp) giving bit-identical results to its Python
     kernel; the package gives bit-identical results at M on both sides of the by-M crossover.
     """
     exported = export("woq_int8", "cpu")

@@ -28,7 +28,7 @@ from test_aoti_export import quantized_mlp
 from torch import nn
 
 import qlower
-from qlower.aoti import cli
+from qlower.lowerings.aoti import cli
 
 BF16 = torch.bfloat16
 K, N = 512, 256

@@ -16,7 +16,7 @@ from dynamic_int8_forms import AsymInt32, IntMMDivide, rewrite_and_run
 from torch._inductor.utils import run_and_get_code
 
 import qlower
-from qlower.lowerings.cpu_prepack import CACHE, PrepackCache
+from qlower.lowerings.kernels.cpu_prepack import CACHE, PrepackCache
 from qlower.quantize import quantize_per_row_int8
 from qlower.testing import apply_pass, trace_for_inductor
 

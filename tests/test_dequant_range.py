@@ -17,7 +17,7 @@ from torch.testing import FileCheck
 from woq_models import assert_close_to_reference
 
 import qlower
-from qlower.lowerings import cpu as cpu_lowerings
+from qlower.lowerings.backends import cpu as cpu_lowerings
 from qlower.patterns import mx_format as fmt
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32

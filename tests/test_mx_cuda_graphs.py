@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import qlower
-from qlower.lowerings.cuda import override_cuda_capability
+from qlower.lowerings.backends.cuda import override_cuda_capability
 from qlower.patterns import mx_format as fmt
 from qlower.testing import apply_pass, graph_summary
 

@@ -231,7 +231,7 @@ def _padded_product_slice(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_upstream_repeat_interleave_slice_bug(fn):
     """Stock torch.compile, no qlower: a per-32-column factor sliced to K = 48, fused into a pointwise consumer,
     is wrong past column 32 (also at R, K = 16/24, 32/33, 64/80). qlower's emulation gathers each element's
-    block scale instead (lowerings/mx_emit.py `dequant`). Starts passing when upstream fixes it."""
+    block scale instead (lowerings/emit/mx.py `dequant`). Starts passing when upstream fixes it."""
     a, b = torch.randn(4, 2), torch.randn(4, 48)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(fn)(a, b), fn(a, b))

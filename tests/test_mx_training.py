@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.lowerings.mx_emit import legalize_e8m0, mx_bytes
+from qlower.lowerings.emit.mx import legalize_e8m0, mx_bytes
 from qlower.patterns.graph_utils import tensor_val
 from qlower.testing import trace_for_inductor
 

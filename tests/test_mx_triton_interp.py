@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE, MXConfig, launch_config
+    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, MXConfig, launch_config
 
     torch.manual_seed(0)
     M, N, K = 5, 48, 96
@@ -75,9 +75,9 @@ DECODE_SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.triton_kernels import mx_ops
-    from qlower.lowerings.triton_kernels.mx_decode import BITS, DecodeConfig, mx_decode_linear
-    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE
+    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig, mx_decode_linear
+    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
 
     torch.manual_seed(0)
     G1 = DecodeConfig("gemv", BITS, 16, 8, 4, 1, prefetch=True)
@@ -160,8 +160,8 @@ def test_decode_kernels_in_triton_interpreter():
 
 def test_decode_table_matches_rules():
     """The committed H200 table and the rules for other shapes agree at every measured point."""
-    from qlower.lowerings.triton_kernels import mx_ops as ops
-    from qlower.lowerings.triton_kernels.mx_decode import CVT
+    from qlower.lowerings.kernels.triton import mx_ops as ops
+    from qlower.lowerings.kernels.triton.mx_decode import CVT
 
     for (w_fmt, m, k, n), cfg in ops.DECODE_TABLE.items():
         assert ops.decode_rule(m, w_fmt, k, n) == cfg, (w_fmt, m, k, n)
@@ -189,7 +189,7 @@ def test_dynamic_m_buckets_cover_m1_under_the_size_assumption():
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 
-    from qlower.lowerings.triton_kernels import mx_ops
+    from qlower.lowerings.kernels.triton import mx_ops
 
     env = ShapeEnv()
     sym = env.create_symbol(8, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC)
@@ -209,8 +209,8 @@ SPECIAL_CODES_SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.triton_kernels import mx_ops
-    from qlower.lowerings.triton_kernels.mx_ops import ELEM_CODE
+    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
 
     # The BITS decoder (tl bit ops), the one the interpreter runs.
     # Row n of the weight holds fp8 code n first, zeros after; x = 1: out[:, n] is code n's value, so every

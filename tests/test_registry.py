@@ -99,7 +99,7 @@ calls = []
 
 def emit(graph, rec):
     calls.append(rec)
-    from qlower.lowerings.woq_int8_emit import emit_int8pack_mm
+    from qlower.lowerings.emit.woq_int8 import emit_int8pack_mm
     return emit_int8pack_mm(graph, rec)
 
 plugin = qlower.Lowering(

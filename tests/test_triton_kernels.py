@@ -22,8 +22,8 @@ from woq_models import WoqLinear
 
 import qlower
 from qlower import testing
-from qlower.lowerings.triton_kernels import configs
-from qlower.lowerings.triton_kernels.configs import decode_dot, mm
+from qlower.lowerings.kernels.triton import configs
+from qlower.lowerings.kernels.triton.configs import decode_dot, mm
 from qlower.patterns import FAMILIES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -48,8 +48,8 @@ def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 3
 # ------------------------------------------------------------------------------------------------ CPU
 INTERPRETER_SCRIPT = """
 import torch
-from qlower.lowerings.triton_kernels import ops
-from qlower.lowerings.triton_kernels.configs import decode_dot, decode_fma, gemv, limbs, mm, tma
+from qlower.lowerings.kernels.triton import int8_ops as ops
+from qlower.lowerings.kernels.triton.configs import decode_dot, decode_fma, gemv, limbs, mm, tma
 
 torch.manual_seed(0)
 
@@ -128,7 +128,7 @@ def _lowered_cpu_graph(
     dynamic: bool, form: str = "gpt_fast", bias: bool = True, k: int = 64, n: int = 48, m: int = 10
 ):
     """Trace a woq linear on CPU and apply the Triton lowering's emit directly (supports() needs CUDA)."""
-    from qlower.lowerings.triton_kernels import lowering
+    from qlower.lowerings.emit import triton_int8 as lowering
 
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias)
     x = torch.randn(2, 5, k, dtype=torch.bfloat16) if m == 10 else torch.randn(1, m, k, dtype=torch.bfloat16)
@@ -196,7 +196,7 @@ def test_split_k_emits_decomposed_zeros(monkeypatch):
     """A split-K tile accumulates into a zeroed fp32 buffer; the emitted post-grad graph must hold Inductor's
     decomposition of that allocation (aten.full), not aten.zeros, which Inductor refuses there ("both a
     fallback and a decomp"; seen on the H200 compiling the M=16 14336->4096 split-K entry)."""
-    from qlower.lowerings.triton_kernels import configs as cfgs
+    from qlower.lowerings.kernels.triton import configs as cfgs
 
     monkeypatch.setitem(cfgs.WOQ_INT8_TABLE, (16, 64, 48), mm(16, 32, 32, 4, 4, split_k=2, fast=2))
     gm = _lowered_cpu_graph(False, k=64, n=48, m=10)
@@ -208,7 +208,7 @@ def test_split_k_emits_decomposed_zeros(monkeypatch):
 def test_dynamic_m_skinny_launch_takes_the_measured_16_row_tiles():
     """Dynamic M's skinny launch (M <= 16) cannot take a split-K or decode entry; it falls back to the 16-row PTX
     tile measured for that side of K vs N (at 14336->4096 the 64-column tile ran 40 us, the 32-column 26)."""
-    from qlower.lowerings.triton_kernels import configs as cfgs
+    from qlower.lowerings.kernels.triton import configs as cfgs
 
     for k, n, width in ((14336, 4096, 32), (4096, 4096, 32), (4096, 14336, 64), (1000, 520, 32)):
         split, small, _ = cfgs.woq_int8_dynamic_configs(k, n)
@@ -220,7 +220,7 @@ def test_dynamic_m_skinny_launch_takes_the_measured_16_row_tiles():
 def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (session 6): the launcher
     refuses such a config with the reason, and no table entry or rule picks one."""
-    from qlower.lowerings.triton_kernels import ops
+    from qlower.lowerings.kernels.triton import int8_ops as ops
 
     x, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
     with pytest.raises(ValueError, match="swap-AB tiles on more than 4 warps"):
@@ -248,7 +248,7 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
     the pointer fallback."""
     from types import SimpleNamespace
 
-    from qlower.lowerings.triton_kernels import ops
+    from qlower.lowerings.kernels.triton import int8_ops as ops
 
     x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
     assert ops._tma_unsupported(x, w, torch.empty(32, 32, dtype=torch.bfloat16), 1) == "not an NVIDIA GPU"
@@ -260,7 +260,7 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
 def test_woq_mid_m_rule_and_crossover():
     """M 65..256 (AUTO's Triton range since the session-4 H200 run): swap-AB tiles off the measured shapes too,
     narrow ones at N <= 8192, and the crossover to dequant + mm right above the last measured win."""
-    from qlower.lowerings.triton_kernels import configs
+    from qlower.lowerings.kernels.triton import configs
 
     assert configs.WOQ_INT8_MAX_M == 256
     for m, n, tile in [(100, 5120, (64, 64, 128)), (128, 11008, (128, 64, 128)), (200, 5120, (128, 64, 128))]:
@@ -274,7 +274,7 @@ def test_woq_mid_m_rule_and_crossover():
 @needs_triton
 def test_dynamic_int8_emits_one_fused_launch():
     """A torchao-style dynamic int8 linear (N-D input, bias) becomes one int8 kernel launch with x_scale inside."""
-    from qlower.lowerings.triton_kernels import lowering
+    from qlower.lowerings.emit import triton_int8 as lowering
 
     def model(x, w, s, b):
         xs = x.abs().amax(-1, keepdim=True).float().clamp_min(1e-6) / 127
@@ -310,7 +310,7 @@ def test_qlower_imports_and_declines_without_triton():
     sys.meta_path.insert(0, NoTriton())
     import qlower
     from qlower.lowerings import backends
-    from qlower.lowerings.triton_kernels import triton_unavailable
+    from qlower.lowerings.kernels.triton import triton_unavailable
     names = [lw.name for lw in backends()["cuda"].lowerings]
     assert names.index("triton.woq_int8_linear") < names.index("dequant_mm"), names
     assert "not importable" in triton_unavailable()
@@ -352,7 +352,7 @@ DECODE_POINTS = [(1, 4096, 4096), (1, 4096, 14336), (1, 14336, 4096), (16, 14336
 @pytest.mark.parametrize("key", sorted(configs.WOQ_INT8_TABLE), ids=lambda t: "x".join(map(str, t)))
 def test_woq_table_config_at_its_shape(key):
     """Each tuned entry at the shape it was tuned for, and one row fewer (a partial row tile), against float64."""
-    from qlower.lowerings.triton_kernels import ops
+    from qlower.lowerings.kernels.triton import int8_ops as ops
 
     bucket, k, n = key
     cfg = configs.WOQ_INT8_TABLE[key]
@@ -367,7 +367,7 @@ def test_woq_table_config_at_its_shape(key):
     "m,k,n", [(m, k, n) for m in GPU_M for k, n in GPU_SHAPES] + DECODE_POINTS[1:]
 )  # DECODE_POINTS[0] is already in the grid
 def test_woq_op_matches_float64(m, k, n, dtype):
-    from qlower.lowerings.triton_kernels import ops  # noqa: F401
+    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
 
     x, w, s, b, ref = _woq_inputs(m, k, n, dtype, bias=m % 2 == 1, seed=m + k)
     out = torch.ops.qlower.woq_int8_linear(x, w, s, b)
@@ -379,8 +379,8 @@ def test_woq_op_matches_float64(m, k, n, dtype):
     "cfg_name", ["gemv", "gemv_splitk", "mm_swap", "mm", "mm_splitk", "mm_i2f", "limbs", "limbs_wide"]
 )
 def test_woq_every_kernel_shape(cfg_name):
-    from qlower.lowerings.triton_kernels import ops
-    from qlower.lowerings.triton_kernels.configs import gemv, limbs, mm
+    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.configs import gemv, limbs, mm
 
     cfg = {
         "gemv": gemv(1, 16, 512),
@@ -415,7 +415,7 @@ def test_ptx_int8_to_half_matches_fp32_path_bitwise(fp32_cfg, ptx_cfg, dtype):
     """The inline-PTX int8 -> bf16/fp16 conversion is exact, so the tensor cores see the same operands as
     through fp32: outputs must be bit-identical, for every byte value (each column of the weight walks all
     256) and a K off the tile grid (masked tail)."""
-    from qlower.lowerings.triton_kernels import ops
+    from qlower.lowerings.kernels.triton import int8_ops as ops
 
     m, k, n = 17, 1000, 200
     x, _, s, b, _ = _woq_inputs(m, k, n, dtype, bias=True, seed=7)
@@ -432,7 +432,7 @@ def test_ptx_int8_to_half_matches_fp32_path_bitwise(fp32_cfg, ptx_cfg, dtype):
 @pytest.mark.parametrize("k,n", GPU_SHAPES)
 @pytest.mark.parametrize("m", GPU_M)
 def test_dynamic_int8_op_matches_float64(m, k, n):
-    from qlower.lowerings.triton_kernels import ops  # noqa: F401
+    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
 
     x, w, s, b, _ = _woq_inputs(m, k, n, torch.bfloat16, bias=True, seed=m + n)
     xs = x.abs().amax(-1, keepdim=True).float() / 127
@@ -465,7 +465,8 @@ KERNEL_OF_KIND = {
 @pytest.mark.parametrize("form", ["gpt_fast", "kn_weight", "scale_first"])
 @pytest.mark.parametrize("m,k,n", [(m, 1000, 520) for m in GPU_M] + DECODE_POINTS + [(4, 4096, 14336)])
 def test_compile_calls_triton_kernel(form, m, k, n):
-    from qlower.lowerings.triton_kernels import configs, ops
+    from qlower.lowerings.kernels.triton import configs
+    from qlower.lowerings.kernels.triton import int8_ops as ops
 
     bias = (k, n) == (1000, 520) or m % 2 == 1  # the decode points: M 1 with bias, M 16 without
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias).cuda()
@@ -551,7 +552,7 @@ def test_aot_inductor_embeds_kernel():
     + [(1000, 1000, 520, "qlinear_mm_kernel"), (1000, 4096, 1024, "int8_mm_tma_dev_kernel")],
 )  # K = 1000: rows not 16-byte aligned, so the TMA config falls back to the pointer kernel
 def test_dynamic_int8_under_compile(m, k, n, kernel):
-    from qlower.lowerings.triton_kernels import ops  # noqa: F401
+    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
 
     def model(x, w, s):
         xs = x.abs().amax(-1, keepdim=True).float().clamp_min(1e-6) / 127

@@ -58,7 +58,7 @@ def test_numerics_and_code(form, dtype, sdtype, bias, shape, lowering):
 def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias):
     """Float weights of >= 16 MiB above the packed kernel's M: the int8 -> float copy goes into a per-thread
     buffer that the next call reuses (a fresh 32 MiB tensor page-faults on every call on the CI VM)."""
-    from qlower.lowerings.cpu_scratch import scratch
+    from qlower.lowerings.kernels.cpu_scratch import scratch
 
     model = WoqLinear(4096, 2048, dtype, form=form, bias=bias, scale_dtype=sdtype)
     xs = [torch.randn(80, 4096, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in (1, 2)]
@@ -76,7 +76,7 @@ def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias):
 def test_scratch_grows_and_is_per_thread():
     import threading
 
-    from qlower.lowerings.cpu_scratch import scratch
+    from qlower.lowerings.kernels.cpu_scratch import scratch
 
     small = scratch((8, 8), torch.float32)
     big = scratch((64, 64), torch.float32)

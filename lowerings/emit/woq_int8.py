@@ -1,0 +1,166 @@
+"""Emitters for woq-int8 records: the ATen packed kernel, a guarded choice by M, and fused dequant + mm.
+
+These say *how* to build each kernel call; which device uses which (and when) is decided in the per-device
+modules through `supports` rules.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from qlower.patterns.graph_utils import aten, tensor_val
+from qlower.patterns.record import QuantLinear
+
+from qlower.lowerings.kernels import custom_ops
+
+from qlower.lowerings.emit import inductor_fixes
+from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
+from qlower.lowerings.emit.common import (
+    Emitter,
+    finish,
+    product_dtype,
+    scale_epilogue,
+    scale_fits,
+    scale_on_weight,
+    scale_vector,
+    weight_nk,
+)
+
+
+def _kernel_scale(em: Emitter, rec: QuantLinear) -> tuple[fx.Node, bool]:
+    """(the [N] scale for a kernel that takes it in x's dtype, whether the scale still has to be applied).
+
+    Such a kernel multiplies its fp32 accumulator by that scale and rounds once to x's dtype. A scale that x's
+    dtype cannot hold exactly (an fp32 scale next to fp16 x, a Python 1e5 or 0.1) would be rounded, or
+    overflow, first; and the graph's product is then wider than x's dtype (fp32 for fp32 scales), which the
+    kernel's output is not. Such a kernel gets ones and `scale_epilogue` applies the scale to its output in
+    fp32: the graph's own arithmetic, `mm` rounded to x's dtype, then times the scale.
+    """
+    if scale_fits(rec, rec.compute_dtype):
+        return scale_vector(em, rec, rec.compute_dtype), False
+    ones = em.call(
+        aten.full.default, [rec.n], 1.0, dtype=rec.compute_dtype, device=rec.device, pin_memory=False
+    )
+    return ones, True
+
+
+def _scaled(em: Emitter, rec: QuantLinear, core: fx.Node, after: bool) -> fx.Node:
+    return scale_epilogue(em, rec, core) if after else core
+
+
+WEIGHT_SCALE_RANGE_DTYPE = torch.float16
+
+
+def weight_scale_range_blocker(rec: QuantLinear) -> str | None:
+    """Why a kernel that applies a weight-side scale to its fp32 accumulator would not compute the graph.
+
+    The graph `F.linear(x, w.to(fp16) * s)` rounds w * s to fp16: inf wherever |w * s| > 65504, so eager's
+    output is inf/NaN there; a kernel scaling the accumulator instead returns finite numbers (and rounds
+    differently: bf16/fp32 weights round w * s too, but their range needs |s| > 2e36 to overflow, which no
+    quantizer makes, so only fp16 is refused). A Python-number scale is checked now; a tensor's values are
+    unknown at compile time, so such a record is left to the lowerings that compute the graph's formula
+    (dequant + GEMM, the scaled weight in a reused buffer;
+    tests/test_dequant_range.py::test_weight_side_scale_overflows_like_eager).
+    """
+    if rec.weight_scale is None or not scale_on_weight(rec):
+        return None
+    if WEIGHT_SCALE_RANGE_DTYPE not in (product_dtype(rec), rec.compute_dtype):
+        return None
+    s = rec.weight_scale
+    if isinstance(s, (int, float)) and abs(float(s)) * 128 <= torch.finfo(WEIGHT_SCALE_RANGE_DTYPE).max:
+        return None  # |int8| <= 128: this weight never overflows
+    return (
+        "the graph scales the weight in fp16 (w.to(fp16) * s): eager's weight is inf where |w * s| > 65504, "
+        "which a kernel scaling its fp32 accumulator does not reproduce; dequant + GEMM computes the graph's "
+        "own formula"
+    )
+
+
+def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """aten._weight_int8pack_mm(x [M, K], w [N, K] int8, scale [N]) with scale in x's dtype."""
+    inductor_fixes.fix_int8pack_lowering()
+    em = Emitter(graph, rec.output)
+    scale, after = _kernel_scale(em, rec)
+    core = em.call(aten._weight_int8pack_mm.default, em.contiguous(rec.x), weight_nk(em, rec), scale)
+    return finish(em, rec, _scaled(em, rec, core, after))
+
+
+def make_emit_int8pack_by_m(max_m_packed: int):
+    """Dynamic M: one op that runs the packed kernel for M <= max_m_packed and dequant + mm above it."""
+
+    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+        em = Emitter(graph, rec.output)
+        scale, after = _kernel_scale(em, rec)
+        core = em.call(
+            custom_ops.woq_int8_mm_by_m, em.contiguous(rec.x), weight_nk(em, rec), scale, max_m_packed
+        )
+        return finish(em, rec, _scaled(em, rec, core, after))
+
+    return emit
+
+
+def _weight_scale_for_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype):
+    """The scale shaped to multiply the stored weight: [N, 1] for [N, K], [N] for [K, N], scalar if per tensor.
+
+    Uses -1 rather than N so symbolic weight shapes work too.
+    """
+    s = rec.weight_scale
+    if s is None or isinstance(s, (int, float)):
+        return s
+    v = tensor_val(s)
+    s = em.convert(s, dtype)
+    if v is not None and v.numel() == 1:
+        return em.reshape(s, [])
+    return em.reshape(s, [-1, 1] if rec.weight_layout == "NK" else [-1])
+
+
+def _dequantized_weight(em: Emitter, rec: QuantLinear) -> fx.Node:
+    """The weight the matmul of the graph reads, in the compute dtype: w.to(dtype), times the scale where the
+    graph scales the weight (exact product in fp32, rounded once to the graph's product dtype, as eager)."""
+    if rec.weight_scale is None or not scale_on_weight(rec):
+        # int8 -> fp32 -> compute dtype (exact, one fused kernel): Inductor's own woq rewrite matches
+        # `mm(x, convert(w_int8).t())` followed by a `mul` even when a view that splits N sits between (a
+        # per-head scale) and then fails to lower; it does not match a weight converted from fp32
+        # (tests/test_epilogue_forms.py::test_woq_scale_after_split_view_compiles)
+        return em.convert(em.convert(rec.weight, torch.float32), rec.compute_dtype)
+    out = product_dtype(rec)
+    wide = torch.promote_types(out, torch.float32)
+    deq = em.call(aten.mul.Tensor, em.convert(rec.weight, wide), _weight_scale_for_dequant(em, rec, wide))
+    return em.convert(em.convert(deq, out), rec.compute_dtype)
+
+
+def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """mm(x, dequant(w)) with the scale where the graph puts it: one fused pointwise dequant, a float matmul.
+
+    Output scale (`F.linear(x, w.to(x.dtype)) * s`): the exact int8 -> float weight, then the scale on the
+    matmul result (`scale_epilogue`). Folding it into a low-precision weight would change the numbers: w * s
+    overflows fp16 for |s| > 516 where (x @ w.T) * s need not, and rounds bf16 weights
+    (tests/test_dequant_range.py). Weight scale (`F.linear(x, w.to(x.dtype) * s)`): the scaled weight, as the
+    graph rounds it.
+    """
+    em = Emitter(graph, rec.output)
+    deq = _dequantized_weight(em, rec)
+    w_kn = em.transpose(deq) if rec.weight_layout == "NK" else deq
+    core = em.call(aten.mm.default, rec.x, w_kn)
+    if not scale_on_weight(rec):
+        core = scale_epilogue(em, rec, core)
+    return finish(em, rec, core)
+
+
+def emit_int8_weight_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """`qlower::int8_weight_mm` (x @ w.to(x.dtype), the float weight in a reused CPU buffer), then the scale,
+    bias and output dtype in the fused epilogue: the gpt-fast form's own arithmetic, mm then scale. A graph
+    that scales the weight gets `qlower::int8_scaled_weight_mm`: its scaled weight, rounded as it rounds it."""
+    em = Emitter(graph, rec.output)
+    x, kn = em.contiguous(rec.x), rec.weight_layout == "KN"
+    if rec.weight_scale is None or not scale_on_weight(rec):
+        core = em.call(custom_ops.int8_weight_mm, x, rec.weight, kn)
+        return finish(em, rec, scale_epilogue(em, rec, core))
+    out = product_dtype(rec)
+    wide = torch.promote_types(out, torch.float32)
+    s = _weight_scale_for_dequant(em, rec, wide)
+    if isinstance(s, (int, float)):
+        s = em.call(aten.scalar_tensor.default, float(s), dtype=wide, device=rec.device)
+    core = em.call(int8_scaled_weight_mm, x, rec.weight, em.contiguous(s), kn, out)
+    return finish(em, rec, core)

@@ -1,0 +1,48 @@
+// C++ kernels of qlower's ops, for processes without qlower's Python (a C++ AOTInductor deployment).
+// The schemas are not written here: lowerings/aoti/build.py generates them from the Python registrations
+// (qlower/lowerings/kernels/custom_ops.py), and the dispatcher checks each kernel below against its schema at load.
+// Each kernel must compute exactly what its Python implementation computes (tests/test_aoti_cpp_ops.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/_weight_int8pack_mm.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+namespace qlower {
+
+// x [M, K] @ (w_nk int8 [N, K] * scale [N]).T: the packed kernel up to max_m_packed rows, dequant + GEMM above.
+at::Tensor woq_int8_mm_by_m(const at::Tensor& x, const at::Tensor& w_nk, const at::Tensor& scale,
+                            int64_t max_m_packed) {
+  const int64_t m = x.size(0);
+  if (m == 0) {
+    return x.new_empty({0, w_nk.size(0)});
+  }
+  if (m <= max_m_packed) {
+    return at::_weight_int8pack_mm(x.contiguous(), w_nk.contiguous(), scale.contiguous());
+  }
+  return at::mm(x, w_nk.to(x.scalar_type()).t()).mul(scale);  // as the Python kernel: mm, then scale
+}
+
+// x int8 [M, K] @ w_nk int8 [N, K].T -> int32, zero-padding M up to min_m for kernels that need it.
+at::Tensor int8_mm_min_m(const at::Tensor& x, const at::Tensor& w_nk, int64_t min_m) {
+  const int64_t m = x.size(0);
+  if (m >= min_m) {
+    return at::_int_mm(x, w_nk.t());
+  }
+  const at::Tensor padded = at::constant_pad_nd(x, {0, 0, 0, min_m - m}, 0);
+  return at::_int_mm(padded, w_nk.t()).slice(0, 0, m);
+}
+
+// The bytes of an 8-bit tensor of a dtype generated code cannot name (fp4x2, e8m0), as uint8.
+at::Tensor mx_bytes(const at::Tensor& t) {
+  return t.view(at::kByte).clone();
+}
+
+}  // namespace qlower
+
+TORCH_LIBRARY_IMPL(qlower, CompositeExplicitAutograd, m) {
+  m.impl("woq_int8_mm_by_m", TORCH_FN(qlower::woq_int8_mm_by_m));
+  m.impl("int8_mm_min_m", TORCH_FN(qlower::int8_mm_min_m));
+  m.impl("mx_bytes", TORCH_FN(qlower::mx_bytes));
+}

@@ -1,0 +1,321 @@
+"""Launch configurations per (M bucket, K, N), and where qlower's kernels stop winning.
+
+Pure Python (no Triton import), so `supports` can read the crossovers on machines without Triton. The table
+holds what the H200 sweep (`scripts/tune_cuda_kernels.py --sweep`) measured fastest; shapes it did not
+cover fall back to per-bucket rules. M is bucketed to the next power of two: configs are chosen at compile
+time for a static M, and for a dynamic M the op launches a skinny and a tiled kernel whose grids are gated
+by M (one of the two has an empty grid and is skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One launch: which kernel, its tile, and Triton's warps / pipeline stages."""
+
+    # "gemv" (FMA, woq-int8 only), "mm" (tensor cores), "tma" (Hopper TMA, persistent), "decode"
+    # (`woq_decode_kernel`, woq-int8 only, static M: FMA, or swap-AB tensor cores when `swap_ab`) or "limbs"
+    # (`woq_limbs`, woq-int8 only, static M, K <= 2**16: x as three int8 digit planes on int8 tensor cores)
+    kernel: str
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+    group_m: int = 8
+    swap_ab: bool = False
+    # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
+    # bf16/fp16 on 4 (2) or 2 (3: swap-AB wgmma) elements per asm call (`mm` on CUDA; 1 elsewhere, see
+    # ops._conversion_here)
+    fast_cvt: int = 1
+    progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
+    cvt: int = 1  # "decode": int8 -> fp32 by the magic number (1) or inline PTX (2); 3: the dot path to bf16
+    acc3: bool = False  # "decode" FMA at BLOCK_M 1: a [BLOCK_N, BLOCK_K] accumulator reduced once at the end
+
+    def __str__(self) -> str:
+        if self.kernel == "decode":  # scripts/gpu_exp_woq.py's variant names
+            s = f"{'dot' if self.swap_ab else 'fma'} {self.block_m}x{self.block_n}x{self.block_k} "
+            return s + f"w{self.num_warps} s{self.num_stages} cvt{self.cvt}" + (" acc3" if self.acc3 else "")
+        tags = [
+            f"{self.kernel} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+        ]
+        if self.split_k > 1:
+            tags.append(f"splitk{self.split_k}")
+        if self.swap_ab:
+            tags.append("swap")
+        if self.kernel == "tma":
+            tags.append(f"persistent x{self.progs_per_sm}")
+        if self.group_m != 8 and self.kernel in ("mm", "tma", "limbs"):
+            tags.append(f"group{self.group_m}")
+        if self.kernel == "gemv" or self.fast_cvt != 1:
+            tags.append({0: "i2f", 1: "fastcvt", 2: "cvt2", 3: "cvt3"}[int(self.fast_cvt)])
+        return " ".join(tags)
+
+
+def gemv(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, split_k: int = 1, fast: int = 1):
+    return KernelConfig("gemv", bm, bn, bk, warps, stages, split_k, 1, False, fast)
+
+
+def mm(
+    bm: int,
+    bn: int,
+    bk: int,
+    warps: int = 4,
+    stages: int = 3,
+    *,
+    split_k: int = 1,
+    group_m: int = 8,
+    swap: bool = False,
+    fast: int = 1,
+) -> KernelConfig:
+    return KernelConfig("mm", bm, bn, bk, warps, stages, split_k, group_m, swap, fast)
+
+
+def tma(
+    bm: int,
+    bn: int,
+    bk: int,
+    warps: int = 4,
+    stages: int = 3,
+    progs_per_sm: int = 1,
+    *,
+    swap: bool = False,
+    fast: int = 1,
+    group_m: int = 8,
+) -> KernelConfig:
+    """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
+    is refused: the variant lost in session 8 and was removed); the launcher falls back to `mm` where TMA's
+    alignment rules do not hold."""
+    return KernelConfig(
+        "tma", bm, bn, bk, warps, stages, group_m=group_m, swap_ab=swap, fast_cvt=fast, progs_per_sm=progs_per_sm
+    )
+
+
+def decode_fma(
+    bm: int, bn: int, bk: int, warps: int = 4, stages: int = 1, *, cvt: int = 2, acc3: bool = False
+) -> KernelConfig:
+    """`woq_decode_kernel` on CUDA cores (woq_decode.py): a weight tile converted once for all BM <= 4 rows.
+    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see ops._launch."""
+    return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, cvt=cvt, acc3=acc3)
+
+
+def decode_dot(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 4, *, cvt: int = 2) -> KernelConfig:
+    """`woq_decode_kernel` on swap-AB tensor cores: acc^T = W @ x^T, the weight read once for all M <= BM."""
+    return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, swap_ab=True, cvt=cvt)
+
+
+def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelConfig:
+    """`woq_limb_mm_kernel` (woq_limbs.py): swap-AB, BM activation rows by BN weight rows per program."""
+    return KernelConfig("limbs", bm, bn, bk, warps, stages)
+
+
+# scripts/gpu_exp_woq.py's winners (H200, 2026-11-30; names as the script prints them)
+DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
+# session 5 (two gpu_exp_woq.py runs on the H200, side by side with the 8-row tile): 4 rows on 2 warps per program
+# (1024 programs at N = 4096) won both K >= N shapes, 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58
+# vs 17.81 / 17.93 us at 14336->4096 (benchmarks/h200_experiments/woq_m1_*session5.txt)
+DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
+# session 6: with int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand,
+# mma.sync) beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K
+MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
+MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
+
+# session 8: woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX);
+# falls back to WOQ_TMA_FALLBACK where TMA cannot serve (ops._tma_unsupported)
+WOQ_TMA = tma(128, 128, 64, 4, 4, progs_per_sm=2, fast=2)
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def m_bucket(m: int) -> int:
+    """The smallest bucket >= m (the largest bucket for anything bigger)."""
+    for b in M_BUCKETS:
+        if m <= b:
+            return b
+    return M_BUCKETS[-1]
+
+
+# Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
+# sweeps of scripts/tune_cuda_kernels.py, gpu_exp_woq.py (the M = 1 "decode" entries) and gpu_exp_woq_midm.py).
+# Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before, timed in the same run.
+WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+    (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
+    # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX, session 6
+    # (gpu_exp_woq_midm.py WOQ_EXP_CVT=1, benchmarks/h200_experiments/woq_ptx_cvt_session6.json; "was": the
+    # entry before, timed in the same run)
+    (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was decode_dot(16, 32, 256): 10.93; bf16 13.4)
+    (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was decode_dot(16, 32, 256): 10.68; bf16 13.5)
+    (64, 4096, 4096): mm(32, 64, 256, 4, 4, fast=2),  # 16.24 (was the same tile swap-AB: 17.52; bf16 12.0)
+    # M 128 / 256: session 4 swept 13 configs per point incl. split-K (gpu_exp_woq_midm.py); session 6's third
+    # run moved them to swap-AB with the 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 /
+    # 16.5 us), above dequant + mm (26.5 / 28.7 us)
+    (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
+    (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
+    # M >= 1024 (served under an explicit TRITON preference; AUTO uses dequant + cuBLAS there) and M=256 at
+    # N=14336: TMA-fed operands, 2 programs per SM (session 8, gpu_exp_woq_midm.py WOQ_EXP_TMA=1/2,
+    # benchmarks/h200_experiments/woq_tma*_session8.json; "was": the entry before, same run)
+    (1024, 4096, 4096): WOQ_TMA,  # 64.1 (was mm(128, 128, 64, 4, 3, fast=2): 69.5; bf16 46.0)
+    (4096, 4096, 4096): WOQ_TMA,  # 237.3 (was mm(128, 128, 64, 4, 3, fast=2): 265.1; bf16 170.7)
+    (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
+    # M 4 / 16, 4096->14336: session 4's int8-limb kernel (woq_limbs.py) held M=4; the PTX tile beat it
+    (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
+    (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
+    (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
+    # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
+    # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
+    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
+    (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9; session 8)
+    (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5; session 8)
+    (4096, 4096, 14336): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
+    (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
+    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the session-6
+    # second run. (woq_decode's "sem" split, faster in session 5, needs a persistent zeroed counter buffer, which
+    # a functional op cannot keep.)
+    (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
+    (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
+}
+# Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
+# 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
+# two-half TMA store won at M >= 1024 (1223-1407 TOP/s; 128x256 tiles 1263-1290). At M=256 it lost to `mm`
+# (32.8 vs 31.5 us), so buckets <= 512 keep `mm`.
+TMA_LARGE_M = tma(128, 128, 128, 4, 3, progs_per_sm=2)
+TMA_MIN_BUCKET = 1024
+DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+    (1, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 9.2
+    (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
+    (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
+    (64, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.1
+    # M=128: 2026-11-30 session-3 sweep (tune_cuda_kernels.py --sweep --sweep-m 128); before it the bucket fell
+    # to the M <= 256 rule's 128x128 tiles: 32 programs at N=4096 on 132 SMs, 24.5 us compiled (0.55x bf16).
+    (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.2 (the rule's 128x128x128: 22.8)
+    (256, 4096, 4096): mm(64, 128, 128, 4, 4),  # 15.3
+    (1024, 4096, 4096): TMA_LARGE_M,  # mm(128, 256, 128, 8, 3): 34.4
+    (4096, 4096, 4096): TMA_LARGE_M,  # 99.5 (mm(128, 256, 128, 8, 3): 130.9-132.0)
+    (1, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 19.4
+    (4, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 17.9
+    (16, 4096, 14336): mm(16, 64, 256, 4, 4, swap=True),  # 17.4
+    (64, 4096, 14336): mm(64, 128, 256, 4, 4, swap=True),  # 18.7
+    (128, 4096, 14336): mm(64, 128, 128, 4, 4),  # 21.8 (the rule's 128x128x128: 27.5)
+    (256, 4096, 14336): mm(128, 128, 128, 8, 3),  # 30.7
+    (1024, 4096, 14336): TMA_LARGE_M,  # 98.3 (mm(128, 256, 128, 8, 4): 128.7-133.6)
+    (4096, 4096, 14336): TMA_LARGE_M,  # 342.0 (mm(128, 256, 128, 8, 4): 442.7-442.8)
+}
+
+# Dynamic M (explicit TRITON preference only): the skinny kernel serves M <= DYNAMIC_M_SPLIT, the tiled one above.
+DYNAMIC_M_SPLIT = 16
+_DYNAMIC_LARGE_BUCKET = 1024
+
+
+def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
+    """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won the sweeps (None: M > 16).
+
+    M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
+    K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
+    narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long
+    K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336
+    there are programs enough either way. K = N itself was measured (acc3 won), so the switch is at K >= N
+    rather than K >= 2N; nothing was measured between K = N and N = 3.5 K.
+    M 2..16: since session 6 the plain 16-row `mm` tile with the PTX conversion won every measured shape (its
+    16-row tile serves any M <= 16 alike, so buckets 2 and 8 follow 4 and 16): 32 columns where K >= N, 64
+    where N > K.
+    """
+    if bucket == 1:
+        return DECODE_FMA_LONG_K if k >= n else DECODE_FMA_WIDE
+    if bucket <= 16:
+        return _mm16_ptx(k, n)
+    return None
+
+
+def _mm16_ptx(k: int, n: int) -> KernelConfig:
+    """M 2..16 (static, or dynamic M's skinny launch): 32 columns where K >= N, 64 where N > K."""
+    return MM16_NARROW_PTX if k >= n else MM16_WIDE_PTX
+
+
+def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
+    """Shapes the sweep did not cover: the configs that were good on both swept (K, N). Pointer kernels up to
+    M = 256 (they also serve dynamic M's skinny launch); above, the TMA tile that won every swept M >= 1024
+    (static M only; it falls back to its pointer twin where TMA cannot serve)."""
+    if bucket == 1:
+        return gemv(1, 8, 1024)
+    if bucket <= 16:
+        return _mm16_ptx(k, n)
+    wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
+    if bucket <= 64:  # session 6: PTX conversions, 2 elements per call on the swap-AB register operand
+        return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
+    if bucket <= 128:
+        return mm(128, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(64, 64, 128, 4, 4, swap=True, fast=3)
+    if bucket <= 256:
+        return WOQ_TMA if wide else mm(128, 64, 128, 4, 4, swap=True, fast=3)
+    return WOQ_TMA
+
+
+def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
+    if bucket <= 16:
+        return mm(16, 64, 256, 4, 4, swap=True)
+    if bucket <= 64:
+        return mm(64, 128, 256, 4, 4, swap=True)
+    if bucket <= 128:  # the M=128 sweep: tiles small enough to give every SM work at N = 4096
+        return mm(64, 128, 128, 4, 4) if n > 8192 else mm(64, 64, 256, 4, 4, swap=True)
+    if bucket <= 256:
+        return mm(128, 128, 128, 8, 3)
+    if bucket < TMA_MIN_BUCKET:
+        return mm(128, 256, 128, 8, 4)
+    return TMA_LARGE_M
+
+
+def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
+    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule. No entry or
+    rule names a "limbs" config now (it stays for sweeps; the kernel needs K <= woq_limbs.MAX_K)."""
+    b = m_bucket(m)
+    return WOQ_INT8_TABLE.get((b, k, n)) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
+
+
+def dynamic_int8_config(m: int, k: int, n: int) -> KernelConfig:
+    b = m_bucket(m)
+    return DYNAMIC_INT8_TABLE.get((b, k, n)) or _dynamic_rule(b, k, n)
+
+
+# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base, dynamic M): the best `mm`
+# (dynamic-int8; woq-int8's large-M tile).
+TMA_FALLBACK = mm(128, 256, 128, 8, 4)
+WOQ_TMA_FALLBACK = mm(128, 128, 64, 4, 4, fast=2)
+
+
+def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig:
+    """Dynamic M: one launch covers every M of its side (no per-row GEMV, no split-K epilogue, no persistent
+    grid sized from M, and no "decode" kernel: its configs were measured and chosen for a static M)."""
+    return fallback if (cfg.kernel != "mm" or cfg.split_k > 1) else cfg
+
+
+def woq_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
+    small = _no_gemv_or_split(
+        woq_int8_config(DYNAMIC_M_SPLIT, k, n),
+        _woq_rule(DYNAMIC_M_SPLIT, k, n),
+    )
+    large = _no_gemv_or_split(woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), WOQ_TMA_FALLBACK)
+    return DYNAMIC_M_SPLIT, small, large
+
+
+def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
+    small = _no_gemv_or_split(
+        dynamic_int8_config(DYNAMIC_M_SPLIT, k, n), _dynamic_rule(DYNAMIC_M_SPLIT, k, n)
+    )
+    large = _no_gemv_or_split(dynamic_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), TMA_FALLBACK)
+    return DYNAMIC_M_SPLIT, small, large
+
+
+# Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
+# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200: the session-4 run
+# (scripts/gpu_exp_woq_midm.py) timed the Triton kernel against dequant + cuBLAS side by side at M = 64, 128 and
+# 256 on 4096->4096 and 4096->14336, and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
+# F.linear there). At M=1024 it lost (77.9 vs 57.8 us on 4096->4096; the mixed-dtype tensor-core loop reaches
+# ~450 TFLOP/s, cuBLAS bf16 ~800), and at M=4096 (302 vs 195 us; 4096->14336 1096 vs 649 us). M=512 was not
+# measured, so the limit is the last measured win. Session 6's PTX tiles narrowed the gap but still lose there
+# (M=1024 4096^2: 67.7 vs 57.9 us; M=4096: 266 vs 189 us). dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
+# beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
+WOQ_INT8_MAX_M: int | None = 256
+DYNAMIC_INT8_MAX_M: int | None = None

@@ -1,0 +1,272 @@
+"""qlower's Triton kernels as `torch.library.triton_op`s.
+
+A triton_op is traceable: under functionalization it decomposes into `triton_kernel_wrapper_functional`
+nodes, which Inductor compiles into the generated code (torch.compile) or the .so (AOTInductor): no Python
+and no proxy executor at run time. In eager mode the same function launches the kernels directly.
+
+Not using `from __future__ import annotations`: `triton_op` infers the schema from the live annotations.
+"""
+
+from typing import Any
+
+import torch
+from torch.library import triton_op, wrap_triton
+
+from qlower.lowerings.kernels.triton import interpreted
+
+from qlower.lowerings.kernels.triton import configs
+from qlower.lowerings.kernels.triton.configs import KernelConfig
+from qlower.lowerings.kernels.triton.int8_hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
+from qlower.lowerings.kernels.triton.int8_kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
+from qlower.lowerings.kernels.triton.launch_args import cdiv, flat, is_static
+from qlower.lowerings.kernels.triton.woq_decode import woq_decode_kernel
+from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
+from qlower.lowerings.kernels.triton.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
+
+
+def _launch(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    gate: Any,
+) -> None:
+    """One kernel launch; `gate` (1, 0, or a 0/1 SymInt) multiplies the grid so a dynamic-M branch can be off."""
+    m = a.shape[0]
+    n, k = w.shape  # static (supports() requires it); a's K equals it
+    if cfg.kernel == "tma":
+        if _tma_unsupported(a, w, out, gate) is None:
+            _launch_tma(cfg, a, w, ws, xs, bias, out)
+            return
+        cfg = configs.TMA_FALLBACK if a.dtype == torch.int8 else configs.WOQ_TMA_FALLBACK
+    ws1, s_ws = flat(ws)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    even_k = k % cfg.block_k == 0
+    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.kernel == "decode":
+        assert a.dtype != torch.int8 and xs is None and cfg.split_k == 1, "decode: woq-int8, no split-K"
+        # grid (N tiles, M tiles, 1): split-K none, so the scratch / counter pointers are never read
+        grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), 1)
+        wrap_triton(woq_decode_kernel)[grid](
+            a, w, ws1, b1, out, ws1, ws1, m, n, k, k,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+            HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, REDUCE=0, SPLIT_K=1, EVEN_K=even_k,
+            CVT=_conversion_here(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+        )  # fmt: skip
+        return
+    if cfg.kernel == "limbs":
+        _launch_limbs(cfg, a, w, ws, bias, out)
+        return
+    if cfg.kernel == "gemv":
+        grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), cfg.split_k)
+        wrap_triton(woq_int8_gemv_kernel)[grid](
+            a, w, ws1, b1, out, m, n, k,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+        )  # fmt: skip
+        return
+    if cfg.swap_ab and cfg.num_warps > 4:
+        raise ValueError(
+            f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}): on the H200 (Triton 3.6) "
+            "mm 128x128x64 w8 swap gave NaN or wrong rows at M > 128, N = 14336, with every int8 conversion"
+        )
+    xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate, cfg.split_k, 1)
+    wrap_triton(qlinear_mm_kernel)[grid](
+        a, w, ws1, xs1, b1, out, m, n, k,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
+        INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
+        SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
+    )  # fmt: skip
+
+
+def _launch_limbs(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
+    m = a.shape[0]
+    n, k = w.shape
+    if k > LIMBS_MAX_K:  # no table entry or rule picks this kernel now; a sweep must not pass more
+        raise ValueError(f"the int8-limb kernel keeps int32 sums exact for K <= {LIMBS_MAX_K}, got K={k}")
+    limbs = torch.empty((3, m, k), dtype=torch.int8, device=a.device)
+    rs = torch.empty((m,), dtype=torch.float32, device=a.device)
+    wrap_triton(x_limbs_kernel)[(m,)](a, limbs, rs, m, k, a.stride(0), a.stride(1), BLOCK=1024, num_warps=4)
+    ws1, s_ws = flat(ws)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1)
+    wrap_triton(woq_limb_mm_kernel)[grid](
+        limbs, rs, w, ws1, b1, out, m, n, k, w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _conversion_here(cvt: int, a: torch.Tensor) -> int:
+    """The int8 conversion a kernel gets (`woq_decode_kernel`'s CVT, `qlinear_mm_kernel`'s FAST_CVT): inline
+    PTX (2, 3) only on an NVIDIA GPU outside the interpreter; elsewhere (TRITON_INTERPRET on CPU tensors,
+    ROCm) the magic-number form (1) in Triton ops, which gives the same values (all are exact)."""
+    ptx_runs = a.device.type == "cuda" and torch.version.hip is None and not interpreted()
+    return cvt if cvt < 2 or ptx_runs else 1
+
+
+def _aligned(x: Any) -> bool:
+    return is_static(x) and int(x) % 16 == 0
+
+
+def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: Any) -> str | None:
+    """Why the TMA kernel cannot serve this launch (None: it can). TMA needs sm_90, 16-byte aligned bases and
+    row strides, unit inner strides; the persistent grid needs a static M (and no dynamic-M gate)."""
+    if a.device.type != "cuda" or torch.version.hip is not None:  # ROCm reports capability 9.x for gfx94x
+        return "not an NVIDIA GPU"
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
+        return "not an sm_90 GPU"
+    if not (is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
+        return "the persistent grid needs a static, non-zero M"
+    if w.dtype != torch.int8 or a.dtype not in (torch.int8, torch.bfloat16, torch.float16):
+        return "an int8 weight and int8, bf16 or fp16 activations only"
+    if a.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
+        return "inner strides must be 1"
+    for t in (a, w, out):
+        if not (_aligned(t.stride(0) * t.element_size()) and _aligned(t.storage_offset() * t.element_size())):
+            return "rows and bases must be 16-byte aligned"
+    return None
+
+
+def _ensure_allocator() -> None:
+    """Device-built TMA descriptors need Triton's scratch allocator. Inductor's launcher provides one; eager
+    launches get a torch one, unless the user has set their own."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
+    )
+
+
+def _launch_tma(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """The persistent TMA GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles."""
+    _ensure_allocator()
+    m = int(a.shape[0])
+    n, k = w.shape
+    ws1, s_ws = flat(ws)
+    xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
+    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    # 4 SMs in the interpreter
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    grid = (max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)
+    if a.dtype != torch.int8:
+        assert xs is None, "woq-int8 has no activation scale"
+        if cfg.swap_ab:
+            raise ValueError(f"qlower: the TMA woq kernel has no swap-AB variant ({cfg}; it lost every point)")
+        wrap_triton(woq_mm_tma_dev_kernel)[grid](
+            a, w, out, ws1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_b,
+            HAS_BIAS=bias is not None, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
+    wrap_triton(int8_mm_tma_dev_kernel)[grid](
+        a, w, out, ws1, xs1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_xs, s_b,
+        HAS_XS=xs is not None, HAS_BIAS=bias is not None, EPI_TMA=True, EPI_SPLIT=2,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
+        WARP_SPEC=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _run(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    static_cfg: Any,
+    dynamic_cfgs: Any,
+) -> torch.Tensor:
+    """Static M: the table's config for M. Dynamic M: skinny kernel for M <= split, tiled above (gated grids)."""
+    m = a.shape[0]
+    n, k = w.shape
+    if is_static(m):
+        launches = [(static_cfg(int(m), k, n), 1)]
+    else:
+        split, small, large = dynamic_cfgs(k, n)
+        on_small = torch.sym_max(0, torch.sym_min(1, split + 1 - m))  # 1 iff m <= split, without a guard
+        launches = [(small, on_small), (large, 1 - on_small)]
+    if any(cfg.split_k > 1 for cfg, _ in launches):
+        acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        for cfg, gate in launches:
+            _launch(cfg, a, w, ws, xs, bias, acc, gate)
+        return acc.to(out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    for cfg, gate in launches:
+        _launch(cfg, a, w, ws, xs, bias, out, gate)
+    return out
+
+
+@triton_op("qlower::woq_int8_linear", mutates_args=())
+def woq_int8_linear(
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype."""
+    return _run(x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.woq_int8_dynamic_configs)
+
+
+@triton_op("qlower::int8_dynamic_linear", mutates_args=())
+def int8_dynamic_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """(x_q [M, K] int8 @ w [N, K].T int8 -> int32) * x_scale [M] * w_scale [N] + bias -> [M, N] out_dtype."""
+    return _run(
+        x_q,
+        w,
+        w_scale,
+        x_scale,
+        bias,
+        out_dtype,
+        configs.dynamic_int8_config,
+        configs.dynamic_int8_dynamic_configs,
+    )
+
+
+def launch_config(
+    cfg: KernelConfig,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Eager launch with an explicit config (tuning sweeps and kernel tests)."""
+    return _run(a, w, ws, xs, bias, out_dtype or a.dtype, lambda *_: cfg, None)

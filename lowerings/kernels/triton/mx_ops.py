@@ -1,0 +1,356 @@
+"""`qlower::mx_linear`: the MX Triton kernels as one triton_op, and which kernel/config runs for which shape.
+
+Inputs are uint8 views (elements, packed e2m1 bytes, e8m0 codes) plus format codes; the op picks the GEMV
+kernel for small M and the tiled kernel above (a dynamic M launches both with gated grids: no guard, no
+recompile). Configs were chosen on an H200 (scripts/bench_mx.py sweeps them); other GPUs get the same.
+
+Weight-only MXFP4/MXFP8 with bf16/fp16 activations at M <= 16 runs the word-wise decode kernels of
+`mx_decode` instead where they measured faster (`pick_decode`, table and rules below).
+
+Not using `from __future__ import annotations` (nor `X | None`): `triton_op` infers the schema from live
+annotations, on the oldest torch qlower supports too.
+"""
+
+# ruff: noqa: UP045
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.library import triton_op, wrap_triton
+
+from qlower.lowerings.kernels.triton import interpreted
+from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static
+from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words, launch_decode
+from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
+
+ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
+
+
+@dataclass(frozen=True)
+class MXConfig:
+    kernel: str  # "gemv" or "mm"
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    block_m: int = 1
+    group_m: int = 8
+
+
+# Largest M served by the GEMV kernel (weights streamed once per output row; tiles above).
+GEMV_MAX_M = 4
+# Configs measured on the H200 (2026-11-29, BENCHMARKS.md "MX"): the compiled model with these ran MXFP8
+# weight-only M=1 at 1.30x bf16, MXFP4 weight-only M=1 at 0.95x, MXFP8 dynamic M=4096 at 0.15x (the per-32
+# chunk fp8 tile kernel is far from the tensor cores' rate: see mx_lowering.py for what AUTO does with that).
+GEMV_FP4 = MXConfig("gemv", block_n=32, block_k=256, num_warps=4, num_stages=3)
+GEMV_FP8 = MXConfig("gemv", block_n=8, block_k=1024, num_warps=4, num_stages=2)
+MM_FP8_LARGE = MXConfig("mm", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)
+MM_FP8_SMALL = MXConfig("mm", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3)
+MM_UPCAST_LARGE = MXConfig("mm", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+MM_UPCAST_SMALL = MXConfig("mm", block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=3)
+
+
+def fp8_mma(a_fmt: int, w_fmt: int) -> bool:
+    """Both operands fp8-coded and of one fp8 type (e2m1 decodes to e4m3): per-chunk fp8 tensor-core dots."""
+    e4 = (E4M3, E2M1)
+    return (a_fmt in e4 and w_fmt in e4) or (a_fmt == E5M2 and w_fmt == E5M2)
+
+
+def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
+    if m <= GEMV_MAX_M:
+        return GEMV_FP4 if w_fmt == E2M1 else GEMV_FP8
+    if fp8_mma(a_fmt, w_fmt):
+        return MM_FP8_LARGE if m > 256 else MM_FP8_SMALL
+    return MM_UPCAST_LARGE if m > 256 else MM_UPCAST_SMALL
+
+
+# ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
+# Measured on the H200 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8 rotating
+# weight sets; bf16 activations; us).
+# 2026-11-30, session 3: the f16x2 GEMV (`mx_hfma`, kernel "hfma"), two sweeps, 13 shapes per M (v2 numbers;
+#   bf16 F.linear 30-32 us at 4096->14336 and 14336->4096, 13.3-13.5 us at 4096->4096; "was": session 2's pick):
+#   M=1: N > K n16 kw128 (fp4 14.6 was 24.9; fp8 16.5 was 19.3); N = K n8 kw256 (fp4 6.2 was 11.4; fp8 7.7
+#     was 11.0); K > N a 2-way K split, fp4 n16 kw128 (16.9 was 29.5), fp8 n8 kw256 (18.1 was 29.5).
+#   M=2 (block_m 2): N > K fp4 n16 kw128 (21.8 was 45.5), fp8 the same split 2 (22.8 was 40.2); N = K n8 kw256
+#     (fp4 8.5 was 18.3; fp8 10.6, the tile kernel 11.2); K > N n16 kw128 split 2 (fp4 23.3 was 58.7; fp8 28.6,
+#     the tile kernel 33.4).
+#   M=3-4 (block_m 4, measured at M=4): fp4 N > K n16 kw128 sk2 (39.5 was 45.3), N = K n16 kw128 (15.1 was
+#     18.8), K > N n8 kw128 (47.6 was 61.1); fp8 N > K the dot kernel below stays (40.2 vs 43.1), N = K n8 kw256
+#     (14.9, tile kernel 18.7), K > N n16 kw128 sk2 (43.1, tile kernel 64.7).
+#   M=16: every hfma shape lost to the dot kernel (fp4 128-150 vs 46-103 us): block_m 4 repeats x work per row.
+# 2026-11-30, session 2 (the "gemv"/"mm" decode kernels against the older current kernel):
+#   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
+#     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
+#   M > 16: not measured; the current tile kernels.
+# 2026-11-30, session 4: register prefetch of the next weight tile (`prefetch`) at M=1, 8 shapes side by side
+#   (benchmarks/h200_experiments/mx_hfma_prefetch_session4.txt): fp4 n16 kw128 pf won all three (K, N): 13.2 vs
+#   14.6 us (N > K), 6.1 vs 6.1 (N = K), 16.0 vs the split-K pick's 17.1 (K > N, no split needed); fp8 only at
+#   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4
+#   (mx_hfma_m{2,4}_session4.txt) moved the entries marked "session 4" in HF_M2 / HF_M4 (prefetch; 2 warps
+#   with a K split for fp4 K > N at M=4); ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
+# 2026-11-30, session 5: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`); at M=1
+#   (mx_m1*_session5.txt, two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs prefetch 13.0 / 13.0 (bf16 30.4);
+#   N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6, n8 kw256 15.2 (within noise: kept).
+#   At M=3..4 (mx_m24_session5.txt) two programs of 2 rows each beat one of 4 where N <= K: 11.0 vs 13.1 us
+#   at 4096^2, 32.5 vs 35.6 at 14336->4096 (1.00x bf16); at N > K it tied (35.4 vs 36.2) and stayed. M=2 kept
+#   its picks (each within 0.1 us of the best of 13 shapes).
+#   Software-pipelined loads (`tl.range(num_stages=2..4)`, cp.async through shared memory) lost at every shape
+#   (e.g. 14.1-16.3 vs 12.3 us) and were not kept.
+# Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
+# kernels.
+DECODE_MAX_M = 16
+HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
+HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
+HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
+HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (session 4)
+HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
+HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
+
+
+def _m1(w_fmt: int, side: int) -> DecodeConfig:
+    """The M=1 config by weight format and the sign of N - K."""
+    if w_fmt == E2M1:  # session 5: with the 11-op decode, N > K runs best without prefetch (12.3 vs 13.0 us)
+        return HF_WIDE if side > 0 else HF_FP4_M1
+    return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_FP8_M1_NARROW
+
+
+HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
+    (E2M1, 1): HF_FP4_2ROWS,
+    (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
+    (E2M1, 0): replace(HF_SQUARE, block_m=2),
+    (E4M3, 0): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 9.8 vs 10.8 us
+    (E2M1, -1): replace(HF_WIDE, block_m=2, split_k=2),
+    (E4M3, -1): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 25.9 vs 28.7 us
+}
+DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
+DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
+HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
+    (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 34.9 vs 39.2 us
+    (E4M3, 1): DEC_MM_FP8,
+    (E2M1, 0): HF_FP4_2ROWS,  # session 5: 11.0 vs 13.1 us (block_m 4, prefetch)
+    (E4M3, 0): replace(HF_SQUARE, block_m=4),
+    (E2M1, -1): HF_FP4_2ROWS,  # session 5: 32.5 vs 35.6 us (session 4's 2-warp split-K pick)
+    (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
+}
+_KN = ((4096, 14336), (4096, 4096), (14336, 4096))
+# The measured points, (w_fmt, M bucket's upper end, K, N) -> config; what the rules give for them too
+# (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps.
+DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
+    **{(f, 1, k, n): _m1(f, (n > k) - (n < k)) for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
+}  # fmt: skip
+# Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
+_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
+
+
+def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
+    """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
+    if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
+        return None
+    side = (n > k) - (n < k)
+    if m == 1:
+        return _m1(w_fmt, side)
+    if m == 2:
+        return HF_M2[w_fmt, side]
+    if m <= 4:
+        return HF_M4[w_fmt, side]
+    return DEC_MM_FP4 if w_fmt == E2M1 else DEC_MM_FP8
+
+
+def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
+    """`DECODE_TABLE` at a measured point, else `decode_rule`; BITS-decoded under TRITON_INTERPRET."""
+    bucket = m if m <= 2 else 4 if m <= 4 else DECODE_MAX_M
+    key = (w_fmt, bucket, k, n)
+    cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
+    if cfg is not None and interpreted():
+        cfg = replace(cfg, decode=BITS)
+    return cfg
+
+
+def _decode_words(a: torch.Tensor, w: torch.Tensor, a_fmt: int, w_fmt: int) -> Optional[torch.Tensor]:
+    """The weight as int32 words when the decode kernels may serve this call, else None."""
+    if a_fmt != FLOAT or w_fmt not in (E2M1, E4M3) or a.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
+    if not is_static(k) or int(k) % 32 or not w.is_contiguous():  # contiguous: Inductor's view keeps it
+        return None
+    return as_words(w)
+
+
+def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
+    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0.
+
+    "m > 1" is never taken as proof: tracing assumes a symbolic size >= 2 (0/1 specialization), yet the
+    graph also runs at M = 1 where nothing recompiles (AOTInductor). Pruning the M == 1 bucket on that
+    assumption left M = 1 with no launch at all (an unwritten output, seen on the H200 in session 8).
+    """
+    if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
+        return None
+    g = torch.sym_max(0, torch.sym_min(1, m - lo + 1))
+    if hi is not None:
+        g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
+    return g
+
+
+def _scale_args(s: Optional[torch.Tensor], swizzled: bool, k: int) -> tuple[Any, int, int, int]:
+    """(tensor, stride_rows, stride_cols, padded cols) of a scale operand (swizzled: the flat tensor)."""
+    if s is None:
+        return None, 0, 0, 0
+    if swizzled:
+        return s.reshape(-1), 0, 0, (k // 32 + 3) // 4 * 4
+    return s, s.stride(0), s.stride(1), 0
+
+
+def launch(
+    cfg: MXConfig,
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    a_fmt: int,
+    w_fmt: int,
+    a_swizzled: bool,
+    w_swizzled: bool,
+    gate: Any = 1,
+    dot_dtype: Optional[torch.dtype] = None,
+) -> None:
+    """One kernel launch writing `out` [M, N]; `gate` (1, 0 or a 0/1 SymInt) scales the grid.
+
+    `dot_dtype` of the upcast tile path: fp16 when the activation is fp16, else bf16 (exact for MX values).
+    """
+    m, n = out.shape
+    k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
+    as_t, s_asm, s_ask, as_pad = _scale_args(a_scale, a_swizzled, k)
+    ws_t, s_wsn, s_wsk, ws_pad = _scale_args(w_scale, w_swizzled, k)
+    as_t = ws_t if as_t is None else as_t
+    b = bias if bias is not None else ws_t
+    args = (
+        a, as_t, w, ws_t, b, out, m, n, k,
+        a.stride(0), a.stride(1), s_asm, s_ask, as_pad,
+        w.stride(0), w.stride(1), s_wsn, s_wsk, ws_pad,
+        out.stride(0), out.stride(1),
+    )  # fmt: skip
+    common = dict(
+        A_FMT=a_fmt, W_FMT=w_fmt, A_SWZ=a_swizzled, W_SWZ=w_swizzled, HAS_BIAS=bias is not None,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if cfg.kernel == "gemv":
+        wrap_triton(mx_gemv_kernel)[(cdiv(n, cfg.block_n) * gate, m)](*args, **common)
+        return
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate,)
+    wrap_triton(mx_mm_kernel)[grid](
+        *args, FP8_MMA=fp8_mma(a_fmt, w_fmt), DOT_BF16=(dot_dtype or a.dtype) != torch.float16,
+        BLOCK_M=cfg.block_m, GROUP_M=cfg.group_m, **common,
+    )  # fmt: skip
+
+
+@triton_op("qlower::mx_linear", mutates_args=())
+def mx_linear(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    a_fmt: int,
+    w_fmt: int,
+    a_swizzled: bool,
+    w_swizzled: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """A [M, K] (float, or MX bytes with codes) @ W [N, K] (MX bytes, codes).T [+ bias] -> [M, N] out_dtype.
+
+    Quantized tensors are uint8: fp8 bytes [R, K], packed e2m1 [R, K / 2], e8m0 codes [R, K / 32] (any
+    strides) or the flat swizzled tensor.
+    """
+    m, n = a.shape[0], w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=w.device)
+    fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
+    words = _decode_words(a, w, a_fmt, w_fmt)
+    if words is not None:
+        _decode_or_current(m, a, words, w, w_scale, bias, out, fmts)
+        return out
+    if is_static(m):
+        launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts)
+        return out
+    small = pick_config(1, a_fmt, w_fmt)
+    large = pick_config(1 << 20, a_fmt, w_fmt)
+    on_small = torch.sym_max(0, torch.sym_min(1, GEMV_MAX_M + 1 - m))  # 1 iff m <= GEMV_MAX_M, no guard
+    launch(small, a, a_scale, w, w_scale, bias, out, *fmts, gate=on_small)
+    launch(large, a, a_scale, w, w_scale, bias, out, *fmts, gate=1 - on_small)
+    return out
+
+
+def _decode_or_current(
+    m: Any,
+    a: torch.Tensor,
+    words: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    fmts: tuple[int, int, bool, bool],
+) -> None:
+    """Weight-only MX: per M bucket the decode config (`pick_decode`) or the current kernel.
+
+    Static M: one config. Symbolic M: one launch per bucket with a 0/1 gated grid (no guard, no
+    recompile); a bucket provably empty is skipped. The M == 1 bucket launches with rows=1 (static grid
+    and split-K scratch); the others take the symbolic M (the kernels mask rows against it).
+    """
+    a_fmt, w_fmt, _, w_swz = fmts
+    k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if is_static(w.shape[0]) else -1
+
+    def run(cfg: Optional[DecodeConfig], cur: MXConfig, gate: Any, rows: Any) -> None:
+        if cfg is None:
+            launch(cur, a, None, w, w_scale, bias, out, *fmts, gate=gate)
+        else:
+            launch_decode(cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows)
+
+    if is_static(m):
+        mi = int(m)
+        if mi == 0:
+            return
+        run(pick_decode(mi, w_fmt, k, n), pick_config(mi, a_fmt, w_fmt), 1, None)
+        return
+    large = pick_config(1 << 20, a_fmt, w_fmt)  # as the generic dynamic path: the large tile above
+    for lo, hi in _BUCKETS:
+        gate = _gate(m, lo, hi)
+        if gate is None:
+            continue
+        rep = lo if hi is None else hi  # the bucket's configs are the same at every M in it
+        cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else large
+        run(pick_decode(rep, w_fmt, k, n), cur, gate, 1 if hi == 1 else None)
+
+
+def launch_config(
+    cfg: MXConfig,
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    a_fmt: int,
+    w_fmt: int,
+    a_swizzled: bool = False,
+    w_swizzled: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
+    dot_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Eager launch with an explicit config (kernel tests, tuning sweeps).
+
+    Launches the kernel directly, as the triton_op does in eager mode: through the wrap_triton HOP every
+    launch costs ~0.2 ms of dispatch, which swamped the first H200 sweep's GEMV timings.
+    """
+    from torch._library.triton import set_wrap_triton_enabled
+
+    out = torch.empty((a.shape[0], w.shape[0]), dtype=out_dtype or torch.bfloat16, device=w.device)
+    with set_wrap_triton_enabled(False):
+        launch(
+            cfg, a, a_scale, w, w_scale, bias, out, a_fmt, w_fmt, a_swizzled, w_swizzled, dot_dtype=dot_dtype
+        )
+    return out
