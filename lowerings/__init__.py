@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from qlower.lowerings.backends import cpu
-
-from qlower.lowerings.backends import cuda
-
-from qlower.lowerings.backends import xpu
+from qlower.lowerings.devices import cpu, cuda, xpu
 from qlower.lowerings.errors import QLowerError, UnsupportedPlatformError
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import (

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from qlower.patterns.record import QuantLinear
-
 from qlower.lowerings.errors import UnsupportedPlatformError
 from qlower.lowerings.preference import KernelPreference
+from qlower.patterns.record import QuantLinear
 
 SupportsFn = Callable[[QuantLinear], "str | None"]
 EmitFn = Callable[[fx.Graph, QuantLinear], fx.Node]
@@ -26,8 +25,10 @@ EmitFn = Callable[[fx.Graph, QuantLinear], fx.Node]
 class Lowering:
     """One way to run a family's record on a device.
 
-    `supports(record)` returns None when the lowering is correct (and sensible) for the record, else a short
-    reason; `emit(graph, record)` inserts the kernel call and returns the node that replaces `record.output`.
+    `supports(record)` returns None when the lowering is correct for the record, else a short reason.
+    `prefer(record)`, consulted only under `KernelPreference.AUTO`, returns None where the lowering is also the
+    fastest choice measured, else why AUTO passes it over (an explicit preference of its kind still takes it).
+    `emit(graph, record)` inserts the kernel call and returns the node that replaces `record.output`.
     `emits` names the aten ops ("aten::_scaled_mm_v2") the emitted graph leaves to Inductor as extern
     kernels: AOTInductor needs a C shim for each, and `python -m qlower shims` generates those the installed
     torch lacks (qlower's own ops are always shimmed).
@@ -40,6 +41,7 @@ class Lowering:
     emit: EmitFn
     doc: str = ""
     emits: tuple[str, ...] = ()
+    prefer: SupportsFn | None = None
 
 
 def _no_description(device: torch.device) -> str:
@@ -51,6 +53,7 @@ class Backend:
     device_type: str
     lowerings: list[Lowering] = field(default_factory=list)
     describe: Callable[[torch.device], str] = _no_description
+    env: tuple[str, ...] = ()  # environment variables its rules read: part of the pass's cache key
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,13 @@ def register_backend(
     *,
     describe: Callable[[torch.device], str] | None = None,
     replace: bool = False,
+    env: Sequence[str] = (),
 ) -> None:
     """Declare the lowerings of a device type, best first within each family.
 
     Registering a device type that exists already ranks the new lowerings ahead of the old ones (so a plugin
-    can add a faster kernel to an in-tree backend); `replace=True` drops the old ones instead.
+    can add a faster kernel to an in-tree backend); `replace=True` drops the old ones instead. `env` names the
+    environment variables the backend's rules read, so the compile cache key covers them.
     """
     if not isinstance(device_type, str) or not device_type:
         raise ValueError("register_backend: device_type must be a device type name such as 'cpu' or 'xpu'")
@@ -89,7 +94,8 @@ def register_backend(
         names = {lowering.name for lowering in lowerings}
         merged = list(lowerings) + [lw for lw in keep if lw.name not in names]
         describe_fn = describe or (old.describe if old is not None else _no_description)
-        _BACKENDS[device_type] = Backend(device_type, merged, describe_fn)
+        env_names = tuple(env) + tuple(v for v in (old.env if old and not replace else ()) if v not in env)
+        _BACKENDS[device_type] = Backend(device_type, merged, describe_fn, env_names)
 
 
 def unregister_backend(device_type: str) -> None:
@@ -109,6 +115,12 @@ def fingerprint() -> str:
             f"{dev}:" + ",".join(f"{lw.family}/{lw.name}/{lw.kind.value}" for lw in b.lowerings)
             for dev, b in sorted(_BACKENDS.items())
         )
+
+
+def decision_env() -> tuple[str, ...]:
+    """Every environment variable a registered backend's rules read (sorted, each once)."""
+    with _LOCK:
+        return tuple(sorted({v for b in _BACKENDS.values() for v in b.env}))
 
 
 def _family_lowerings(backend: Backend, family: str) -> list[Lowering]:
@@ -140,6 +152,8 @@ def choose(record: QuantLinear, preference: KernelPreference) -> Choice:
     passed_over: list[tuple[str, str]] = []
     for lowering in wanted:
         why = lowering.supports(record)
+        if why is None and preference is KernelPreference.AUTO and lowering.prefer is not None:
+            why = lowering.prefer(record)
         if why is None:
             return Choice(lowering, tuple(passed_over))
         passed_over.append((lowering.name, why))

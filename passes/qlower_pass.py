@@ -10,34 +10,37 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import os
 from pathlib import Path
 
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference, choose, fingerprint
+from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.mx import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
+from qlower.lowerings.registry import decision_env
+from qlower.passes import report as reporting
+from qlower.passes.canonicalize import canonicalize
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
 
-from qlower.passes import report as reporting
-from qlower.passes.canonicalize import canonicalize
-
-# Environment variables that change which lowering is chosen or how it is emitted.
-DECISION_ENV = ("QLOWER_CPU_INT8_ISA", "QLOWER_AOTI_SHIMS", "QLOWER_CPU_PREPACK_CACHE")
+# Environment variables the pass itself reads (each backend declares those its rules read: `decision_env`).
+PASS_ENV = ("QLOWER_AOTI_SHIMS",)
 
 
 def _source_files() -> tuple[str, ...]:
-    import qlower
+    """Every source file of qlower's rooms and its face (found by spec: nothing here imports the face)."""
     import qlower.lowerings
     import qlower.passes
     import qlower.patterns
 
-    roots = {Path(m.__file__).parent for m in (qlower, qlower.passes, qlower.patterns, qlower.lowerings)}
+    face = importlib.util.find_spec("qlower")
+    roots = {Path(m.__file__).parent for m in (qlower.passes, qlower.patterns, qlower.lowerings)}
+    roots |= {Path(p) for p in (face.submodule_search_locations or [])} if face else set()
     return tuple(sorted(str(p) for root in roots for p in root.rglob("*.py")))
 
 
@@ -142,7 +145,7 @@ class QLowerPass(CustomGraphPass):
         the pass: that opens the compile's report (passes/report.py `note_compile`)."""
         reporting.note_compile()
         h = hashlib.sha256(get_hash_for_files(_source_files()))
-        env = tuple(os.environ.get(name) for name in DECISION_ENV)
+        env = tuple((name, os.environ.get(name)) for name in (*PASS_ENV, *decision_env()))
         h.update(repr((self.families, self.preference.value, fingerprint(), env)).encode())
         return h.hexdigest()
 

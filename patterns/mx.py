@@ -141,8 +141,8 @@ def _frozen_param(node: fx.Node) -> torch.Tensor | None:
     """The real tensor behind a placeholder that Inductor's freezing folds into a constant, else None.
 
     Freezing (global config, inference) makes Dynamo's lifted parameters and buffers constants; they are
-    the first placeholders, their tensors in `TracingContext.params_flat` (lowerings/dynamic_int8_lowerings
-    `weight_is_frozen` reads the same facts).
+    the first placeholders, their tensors in `TracingContext.params_flat` (the backend
+    function `weight_is_frozen` reads the same facts).
     """
     from torch._inductor import config
 

@@ -6,6 +6,7 @@ print(qlower.last_report())
 
 from __future__ import annotations
 
+from qlower.cpu_memory import keep_freed_cpu_memory
 from qlower.lowerings import (
     KernelPreference,
     Lowering,
@@ -14,11 +15,9 @@ from qlower.lowerings import (
     register_backend,
     unregister_backend,
 )
+from qlower.options import inductor_options
 from qlower.passes import Decision, QLowerPass, Report, all_reports, clear_reports, last_report
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
-
-from qlower.cpu_memory import keep_freed_cpu_memory
-from qlower.options import inductor_options
 
 __version__ = "0.1.0"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings import KernelPreference
+from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings.preference import parse_preference
 from qlower.passes import QLowerPass
 from qlower.patterns import FAMILIES

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlower.lowerings.backends.dynamic_int8_rules import CUDA_KN_MULTIPLE, CUDA_MIN_M
+from qlower.lowerings.devices.cuda import CUDA_KN_MULTIPLE, CUDA_MIN_M
 
 
 def quantize_per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

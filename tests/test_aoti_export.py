@@ -22,8 +22,7 @@ from aoti_cuda import needs_cuda_package_load
 from torch import nn
 
 import qlower
-from qlower.lowerings.aoti import build
-from qlower.lowerings.aoti import shim_ops
+from qlower.lowerings.aoti import build, shim_ops
 from qlower.lowerings.aoti.dtypes import shim_has_dtype
 from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS

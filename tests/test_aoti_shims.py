@@ -15,17 +15,8 @@ import torch
 import torch.utils.cpp_extension as cpp_extension
 from torch import fx
 
-from qlower.lowerings.aoti import abi_lock
-
-from qlower.lowerings.aoti import build
-
-from qlower.lowerings.aoti import cli
-
-from qlower.lowerings.aoti import codegen
-
+from qlower.lowerings.aoti import abi_lock, build, cli, codegen, runtime
 from qlower.lowerings.aoti import shim_ops as ops
-
-from qlower.lowerings.aoti import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import importlib
+import io
 import json
 import subprocess
 import sys
@@ -39,10 +41,15 @@ def test_missing_family_module_is_a_clear_error() -> None:
 
 
 def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
+    """Run as the README says (no --out): the files go to ./bench-out, never to the committed benchmarks/."""
     cmd = [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--family", "woq_int8", "--device", "cpu"]
-    cmd += ["--shapes", "1x64x64,32x64x128", "--out", str(tmp_path), "--budget", "0.02", "--rotate", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    cmd += ["--shapes", "1x64x64,32x64x128", "--budget", "0.02", "--rotate", "2"]
+    committed = {p: p.stat().st_mtime_ns for p in (SCRIPTS.parent / "benchmarks").glob("woq_int8_cpu.*")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in committed} == committed
+    assert not (tmp_path / "benchmarks").exists()
+    tmp_path = tmp_path / "bench-out"
     data = json.loads((tmp_path / "woq_int8_cpu.json").read_text())
     got = {(r["m"], r["k"], r["n"], r["variant"]) for r in data["results"]}
     variants = _load_bench().load_family("woq_int8").VARIANTS
@@ -53,10 +60,10 @@ def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
             assert not r["lowering"].startswith("LEFT ALONE"), r
     table = (tmp_path / "woq_int8_cpu.md").read_text()
     assert "| 32 | 64→128 |" in table and "torch" in table
-    steps = 2 * len(variants)
-    assert (
-        f"[{steps}/{steps}]" in proc.stderr
-    )  # progress over the grid (plain lines when stderr is not a tty)
+    # Progress, stderr not a terminal: one whole line per shape, with the elapsed time and an ETA.
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("bench woq_int8 cpu [")]
+    assert [line.split()[3] for line in lines] == ["[1/2]", "[2/2]"], proc.stderr
+    assert "M=32 K=64 N=128 done" in lines[1] and "ETA 0s" in lines[1] and "\r" not in proc.stderr
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -68,6 +75,72 @@ def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
     args = ["--family", "woq_int8", "--device", "cpu", "--out", str(replot)]
     assert _load_bench().main([*args, "--replot", str(tmp_path / "woq_int8_cpu.json")]) == 0
     assert (replot / "woq_int8_cpu.md").read_text() == table
+
+
+def test_out_defaults_to_a_scratch_folder() -> None:
+    bench = _load_bench()
+    assert bench.parse_args(["--family", "woq_int8"]).out == "bench-out"
+    assert bench.parse_args(["--family", "woq_int8", "--out", "benchmarks"]).out == "benchmarks"
+
+
+def test_progress_bar_on_a_terminal_redraws_one_line_with_an_eta() -> None:
+    bench = _load_bench()
+    stream = io.StringIO()
+    bar = bench.Progress(4, "bench woq_int8 cpu", stream=stream, tty=True)
+    bar.set_postfix_str("M=1 K=64 N=64 qlower (compile, check)")
+    bar.update(1)
+    assert "\n" not in stream.getvalue() and stream.getvalue().count("\r") >= 1
+    last = stream.getvalue().rsplit("\r", 1)[1]
+    assert "[######" in last and "1/4" in last and " 25% " in last and "ETA " in last and "ETA --" not in last
+    bar.update(3)
+    bar.close()
+    text = stream.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1
+    assert "[########################] 4/4 100%" in text.rsplit("\r", 1)[1]
+
+
+def test_progress_without_a_terminal_prints_a_line_per_shape() -> None:
+    bench = _load_bench()
+    stream = io.StringIO()
+    bar = bench.Progress(2, "bench mx cpu", stream=stream, tty=False)
+    bar.set_postfix_str("M=1 K=64 N=64 bf16 (round 1/5)")  # steps inside a shape print nothing
+    assert stream.getvalue() == ""
+    bar.set_postfix_str("M=1 K=64 N=64 done")
+    bar.update(1)
+    bar.close()
+    (line,) = stream.getvalue().splitlines()
+    assert line.startswith("bench mx cpu [1/2] M=1 K=64 N=64 done · ") and "ETA " in line
+    assert "\r" not in stream.getvalue()
+
+
+def test_plot_without_matplotlib_is_one_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bench = _load_bench()
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    results = [bench.Result(1, 64, 64, v, 1e-3) for v in ("bf16", "qlower")]
+    assert bench.plot(results, "t", tmp_path / "p.png") is None
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "skipping the plot" in err and ".[test]" in err, err
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_the_test_extra_installs_matplotlib() -> None:
+    """The README's set-up (scripts/run_tests.sh) installs `.[test]`: the bench's plot works from it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert "matplotlib" in extras["test"]
+    assert "'.[test]'" in (SCRIPTS / "run_tests.sh").read_text()
 
 
 def test_bench_woq_alias_runs() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -47,6 +49,12 @@ def test_cli_demo_runs_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> Non
     assert rc == 0, out
     assert "7/7 lowered" in out and "every linear lowered" in out
     assert "max abs error" in out and "vs stock" in out
+    # The MX linear after the block: its own report, one row naming its module.
+    mx = out[out.index("--- MX weight-only linear") :]
+    assert "1/1 lowered" in mx and re.search(r"^0\s+proj\s+mx\s+cpu\s+4, 256, 256", mx, re.M), mx
+    # Each row of the block names its linear.
+    for name in ("attn.q_proj", "attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+        assert re.search(rf"^\d+\s+{re.escape(name)}\s+woq_int8", out, re.M), out
 
 
 def test_quantizers_cover_only_known_families() -> None:

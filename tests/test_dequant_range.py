@@ -17,7 +17,7 @@ from torch.testing import FileCheck
 from woq_models import assert_close_to_reference
 
 import qlower
-from qlower.lowerings.backends import cpu as cpu_lowerings
+from qlower.lowerings.devices import cpu as cpu_lowerings
 from qlower.patterns import mx_format as fmt
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
@@ -345,7 +345,7 @@ def test_mx_fp32_matmul_keeps_the_weight_in_fp32():
 
 CUDA_LOWERINGS = {  # name -> (kernel_preference, lowering at static M <= 256, lowering at dynamic M)
     "auto": (qlower.KernelPreference.AUTO, "triton.woq_int8_linear", DEQUANT),
-    "triton": (qlower.KernelPreference.TRITON, "triton.woq_int8_linear", "triton.woq_int8_linear.any_m"),
+    "triton": (qlower.KernelPreference.TRITON, "triton.woq_int8_linear", "triton.woq_int8_linear"),
     "emulated": (qlower.KernelPreference.EMULATED, DEQUANT, DEQUANT),
 }
 

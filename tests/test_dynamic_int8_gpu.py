@@ -14,8 +14,8 @@ from torch._inductor.utils import run_and_get_code
 
 import qlower
 from qlower.lowerings import register_backend, register_builtin_backends
-from qlower.lowerings.backends.dynamic_int8_rules import DYNAMIC_INT8_INT_MM_CUDA
-from qlower.lowerings.backends.emulated import DYNAMIC_INT8_EMULATED
+from qlower.lowerings.devices.cuda import DYNAMIC_INT8_INT_MM_CUDA
+from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED
 
 pytestmark = pytest.mark.gpu
 OPTIONS = dict(families=("dynamic_int8",))

@@ -29,7 +29,8 @@ from torch.testing import FileCheck
 
 import qlower
 from qlower.lowerings import register_backend, register_builtin_backends
-from qlower.lowerings.backends.dynamic_int8_rules import DYNAMIC_INT8_INT_MM_CUDA, cpu_int8_isa
+from qlower.lowerings.devices.cpu import cpu_int8_isa
+from qlower.lowerings.devices.cuda import DYNAMIC_INT8_INT_MM_CUDA
 
 FAMILY = ("dynamic_int8",)
 K, N = 96, 48

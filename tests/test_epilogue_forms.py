@@ -258,7 +258,7 @@ def test_woq_flatten_view_keeps_scale_and_bias_inside(scaled: str, dynamic: bool
 def _s8s8(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """s8s8 `_int_mm` on any CPU, so the lowering is the same everywhere; except M = 1 on VNNI CPUs without AMX,
     where s8s8 itself (eager as lowered) is wrong (tests/test_torchao_dynamic_int8.py)."""
-    from qlower.lowerings.backends.dynamic_int8_rules import cpu_int8_isa
+    from qlower.lowerings.devices.cpu import cpu_int8_isa
 
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and callspec.params.get("m") == 1 and cpu_int8_isa() == "vnni":

@@ -1,7 +1,7 @@
 """Smoke test of scripts/fuzz_compile.py on CPU: a few seeded cases end to end, every family, a JSON record.
 
-The fuzz is the tool that checks qlower against inputs the unit tests do not pin (see BENCHMARKS.md, session
-4); this keeps it runnable. A qlower failure in these cases fails the test (the script exits 1). The second
+The fuzz is the tool that checks qlower against inputs the unit tests do not pin (see BENCHMARKS.md,
+"Correctness fuzz"); this keeps it runnable. A qlower failure in these cases fails the test (the script exits 1). The second
 test runs one case per variant (defect class) of the script.
 """
 

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import qlower
-from qlower.lowerings.backends.cuda import override_cuda_capability
+from qlower.lowerings.devices.cuda import override_cuda_capability
 from qlower.patterns import mx_format as fmt
 from qlower.testing import apply_pass, graph_summary
 
@@ -138,7 +138,7 @@ def test_sm90_auto_dynamic_large_m_emulates_and_triton_preference_forces_kernels
     assert "measured at 0.15x bf16" in report.entries[0].reason
     gm = dynamic_graph()
     report = lower(gm, (9, 0), "TRITON")
-    assert [d.lowering for d in report] == ["triton.mx_linear.any_m"]
+    assert [d.lowering for d in report] == ["triton.mx_linear"]
     hops = [n for n in gm.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
     assert len(hops) == 1 and hops[0].kwargs["kwargs"]["FP8_MMA"] is True
 
@@ -165,4 +165,4 @@ def test_sm90_auto_weight_only_above_decode_sizes_emulates():
     assert [d.lowering for d in lower(graph(16), (9, 0))] == ["triton.mx_linear"]
     (d,) = lower(graph(17), (9, 0))
     assert d.lowering == "mx_dequant_mm" and "weight-only MX with M=17 > 16" in d.reason
-    assert [d.lowering for d in lower(graph(128), (9, 0), "TRITON")] == ["triton.mx_linear.any_m"]
+    assert [d.lowering for d in lower(graph(128), (9, 0), "TRITON")] == ["triton.mx_linear"]

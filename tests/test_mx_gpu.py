@@ -94,12 +94,12 @@ def _compiled(f, dynamic=False, **opts):
         (None, "e2m1", 1, False, "AUTO", "triton.mx_linear"),
         # Weight-only above the decode kernels' M range: AUTO emulates (the tile kernel measured slower).
         (None, "e4m3", 37, True, "AUTO", "mx_dequant_mm"),
-        (None, "e4m3", 37, True, "TRITON", "triton.mx_linear.any_m"),
+        (None, "e4m3", 37, True, "TRITON", "triton.mx_linear"),
         ("e4m3", "e4m3", 2, False, "AUTO", "triton.mx_linear"),
         # Dynamic MX above the GEMV range: AUTO emulates (the tile kernel measured slow); TRITON forces it.
         ("e4m3", "e4m3", 64, False, "AUTO", "mx_dequant_mm"),
-        ("e4m3", "e4m3", 64, False, "TRITON", "triton.mx_linear.any_m"),
-        ("e2m1", "e2m1", 300, True, "TRITON", "triton.mx_linear.any_m"),
+        ("e4m3", "e4m3", 64, False, "TRITON", "triton.mx_linear"),
+        ("e2m1", "e2m1", 300, True, "TRITON", "triton.mx_linear"),
     ],
 )
 def test_compiled_model_lowering_and_numerics(a_elem, w_elem, m, e8m0, pref, lowering):
@@ -144,7 +144,7 @@ def test_sm100_path_generates_scaled_mm_code():
     from torch._inductor import config as inductor_config
     from torch._inductor.utils import get_code
 
-    from qlower.lowerings.backends.cuda import override_cuda_capability
+    from qlower.lowerings.devices.cuda import override_cuda_capability
 
     f, _ = _model("e4m3", "e4m3", 256, 512)
     x = torch.randn(128, 512, device=DEV, dtype=torch.bfloat16)

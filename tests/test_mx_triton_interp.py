@@ -76,7 +76,8 @@ DECODE_SCRIPT = textwrap.dedent(
     import torch
     from qlower.patterns import mx_format as fmt
     from qlower.lowerings.kernels.triton import mx_ops
-    from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig, mx_decode_linear
+    from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig
+    from qlower.lowerings.kernels.triton.mx_launch import mx_decode_linear
     from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
 
     torch.manual_seed(0)
@@ -184,8 +185,8 @@ def test_decode_table_matches_rules():
 
 def test_dynamic_m_buckets_cover_m1_under_the_size_assumption():
     """A symbolic M is traced as >= 2 (0/1 specialization) but an AOTInductor package also runs at M = 1: the
-    gates must keep the M == 1 bucket, and at every M exactly one bucket's gate is 1 (session 8: the M == 1
-    bucket was pruned and M = 1 got no launch, an unwritten output)."""
+    gates must keep the M == 1 bucket, and at every M exactly one bucket's gate is 1 (without that, an
+    AOTInductor package on the H200 pruned the M == 1 bucket and M = 1 got no launch, an unwritten output)."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 

@@ -1,5 +1,6 @@
-"""The README's AOTInductor and onboarding examples run as written: each section's Python code in a fresh
-process, then its shell blocks in the same folder (the serving recipe loads the package the Python exported)."""
+"""The docs' AOTInductor and onboarding examples run as written: each section's Python code in a fresh process,
+then its shell blocks in the same folder (the serving recipe loads the package the Python exported). Every
+relative link in README.md, BENCHMARKS.md and docs/*.md points to a file that exists."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+EXAMPLES = {"Export with AOTInductor": DOCS / "aoti.md", "Onboarding a new backend": DOCS / "backends.md"}
 _HEADING = re.compile(r"^(#+)\s+(.*?)\s*$")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)
 
 
 def _fence(lang: str) -> re.Pattern[str]:
@@ -39,7 +44,7 @@ def section_code(title: str, text: str, lang: str = "python") -> str:
                 return "\n".join(blocks)
             assert blocks, f"no python example under '{title}'"
             return "\n".join(blocks)
-    raise AssertionError(f"README has no heading '{title}'")
+    raise AssertionError(f"no heading '{title}'")
 
 
 def test_section_code_stops_at_the_next_heading():
@@ -50,9 +55,40 @@ def test_section_code_stops_at_the_next_heading():
     assert section_code("B", text + "```bash\necho c\n```\n", "bash") == "echo c\n"
 
 
-@pytest.mark.parametrize("title", ["Export with AOTInductor", "Onboarding a new backend"])
-def test_readme_example_runs(title, tmp_path):
-    text = README.read_text()
+def relative_links(text: str) -> list[str]:
+    """The targets of markdown links in `text` that are paths (no URL, no in-page anchor), outside code."""
+    targets = (m.group(1) for m in _LINK.finditer(_CODE.sub("", text)))
+    return [t.split("#")[0] for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
+
+
+def test_relative_links_finds_paths_only():
+    text = (
+        "[a](docs/a.md) [b](https://x.org/b.md) [c](#top) [d](../e.md#sec) `[f](g.md)`\n```\n[h](i.md)\n```\n"
+    )
+    assert relative_links(text) == ["docs/a.md", "../e.md"]
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", "BENCHMARKS.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))]
+)
+def test_relative_links_point_to_files(page):
+    path = ROOT / page
+    missing = [t for t in relative_links(path.read_text()) if not (path.parent / t).exists()]
+    assert not missing, f"{page} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", "BENCHMARKS.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))]
+)
+def test_page_tells_no_session_history(page):
+    """Pages state facts and where their evidence lives, not which work session produced them."""
+    hits = re.findall(r".{0,40}\bsessions? \d.{0,40}", (ROOT / page).read_text(), re.I)
+    assert not hits, f"{page}: {hits}"
+
+
+@pytest.mark.parametrize("title", sorted(EXAMPLES))
+def test_doc_example_runs(title, tmp_path):
+    text = EXAMPLES[title].read_text()
     proc = subprocess.run(
         [sys.executable, "-c", section_code(title, text)],
         cwd=tmp_path,
@@ -62,7 +98,7 @@ def test_readme_example_runs(title, tmp_path):
     )
     assert proc.returncode == 0, f"{title}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     shell = section_code(title, text, "bash")
-    if shell:  # `python` in the README is this interpreter
+    if shell:  # `python` in the docs is this interpreter
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         proc = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", shell],
@@ -77,7 +113,7 @@ def test_readme_example_runs(title, tmp_path):
 
 def test_export_section_serves_without_qlower():
     """The serving recipe runs the package in a process that never imports qlower."""
-    shell = section_code("Export with AOTInductor", README.read_text(), "bash")
+    shell = section_code("Export with AOTInductor", EXAMPLES["Export with AOTInductor"].read_text(), "bash")
     serve = shell[shell.index('python -c "') :]
     assert "import qlower" not in serve and "load_library('./libqlower_ops.so')" in serve
     assert serve.index("load_library") < serve.index("aoti_load_package")

@@ -1,6 +1,6 @@
 """torchao `Int8DynamicActivationInt8WeightConfig` at decode sizes (M = 1, 2, 3, 17), both of torchao's CPU
 spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), and which `_int_mm` takes an M that can
-be 1 (`lowerings/backends/dynamic_int8_rules.py: u8s8_at_m1`).
+be 1 (`lowerings/devices/cpu.py: u8s8_at_m1`).
 
 At x [1, 1, K] Inductor handed `_int_mm` a [1, K] view with strides (0, 1), and oneDNN on AVX512 CPUs took the
 0 for the leading dimension: outputs off by 10^3-10^4x (reproduced on the H200 host's Xeon, torch 2.11).
@@ -127,7 +127,7 @@ def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
     ],
 )
 def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, monkeypatch, isa, m, dynamic, want):
-    from qlower.lowerings.backends.dynamic_int8_rules import int_mm_takes_uint8
+    from qlower.lowerings.devices.cpu import int_mm_takes_uint8
 
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
     if not int_mm_takes_uint8():  # torch 2.11: no uint8 `_int_mm`, so s8s8 (with dense operands) everywhere

@@ -128,6 +128,7 @@ def _lowered_cpu_graph(
     dynamic: bool, form: str = "gpt_fast", bias: bool = True, k: int = 64, n: int = 48, m: int = 10
 ):
     """Trace a woq linear on CPU and apply the Triton lowering's emit directly (supports() needs CUDA)."""
+    from qlower.lowerings.devices import cuda as cuda_rules
     from qlower.lowerings.emit import triton_int8 as lowering
 
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias)
@@ -136,7 +137,7 @@ def _lowered_cpu_graph(
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = FAMILIES["woq_int8"](gm.graph)
-        assert lowering.supports_woq_int8(rec) is not None  # declines off CUDA, with a reason
+        assert cuda_rules.WOQ_INT8_TRITON.supports(rec) is not None  # declines off CUDA, with a reason
         new = lowering.emit_woq_int8(gm.graph, rec)
         rec.output.replace_all_uses_with(new)
         gm.graph.eliminate_dead_code()
@@ -218,7 +219,8 @@ def test_dynamic_m_skinny_launch_takes_the_measured_16_row_tiles():
 
 @needs_triton
 def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
-    """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (session 6): the launcher
+    """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (`mm 128x128x64 w8 s4
+    swap`, M > 128, N = 14336; `git show lab-archive:BENCHMARKS.md`, "Two defects found and fixed"): the launcher
     refuses such a config with the reason, and no table entry or rule picks one."""
     from qlower.lowerings.kernels.triton import int8_ops as ops
 
@@ -232,8 +234,8 @@ def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
 
 
 def test_woq_large_m_takes_the_tma_tile_only_for_a_static_m():
-    """Static M above 256 (and M=256 at N=14336): the TMA tile that won the session-8 H200 runs; dynamic M's
-    tiled launch cannot size a persistent grid, so it keeps the pointer twin."""
+    """Static M above 256 (and M=256 at N=14336): the TMA tile that won the H200 sweep behind `configs.WOQ_TMA`;
+    dynamic M's tiled launch cannot size a persistent grid, so it keeps the pointer twin."""
     assert configs.woq_int8_config(4096, 4096, 4096) == configs.WOQ_TMA
     assert configs.woq_int8_config(700, 2048, 5120) == configs.WOQ_TMA  # off the table: the rule
     assert configs.woq_int8_config(256, 4096, 14336).kernel == "tma"
@@ -258,8 +260,9 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
 
 
 def test_woq_mid_m_rule_and_crossover():
-    """M 65..256 (AUTO's Triton range since the session-4 H200 run): swap-AB tiles off the measured shapes too,
-    narrow ones at N <= 8192, and the crossover to dequant + mm right above the last measured win."""
+    """M 65..256 (AUTO's Triton range, `configs.WOQ_INT8_MAX_M`, from the H200 M = 64..256 sweep): swap-AB tiles
+    off the measured shapes too, narrow ones at N <= 8192, and the crossover to dequant + mm right above the last
+    measured win."""
     from qlower.lowerings.kernels.triton import configs
 
     assert configs.WOQ_INT8_MAX_M == 256
@@ -274,6 +277,7 @@ def test_woq_mid_m_rule_and_crossover():
 @needs_triton
 def test_dynamic_int8_emits_one_fused_launch():
     """A torchao-style dynamic int8 linear (N-D input, bias) becomes one int8 kernel launch with x_scale inside."""
+    from qlower.lowerings.devices import cuda as cuda_rules
     from qlower.lowerings.emit import triton_int8 as lowering
 
     def model(x, w, s, b):
@@ -292,7 +296,7 @@ def test_dynamic_int8_emits_one_fused_launch():
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = FAMILIES["dynamic_int8"](gm.graph)
-        assert "not CUDA" in lowering.supports_dynamic_int8(rec)
+        assert "not CUDA" in cuda_rules.DYNAMIC_INT8_TRITON.supports(rec)
         rec.output.replace_all_uses_with(lowering.emit_dynamic_int8(gm.graph, rec))
         gm.graph.eliminate_dead_code()
     assert _launches(gm) == ["qlinear_mm_kernel"]
@@ -491,12 +495,12 @@ def test_compile_calls_triton_kernel(form, m, k, n):
     [(1024, 4096, 1024, "woq_mm_tma_dev_kernel"), (600, 1000, 520, "qlinear_mm_kernel")],
 )  # K = 1000: rows not 16-byte aligned, so the TMA tile falls back to its pointer twin
 def test_compile_large_m_woq_on_the_tma_kernel(m, k, n, kernel):
-    """Under the TRITON preference a static M above AUTO's crossover takes the TMA tile (session 8)."""
+    """Under the TRITON preference a static M above AUTO's crossover takes the TMA tile (`configs.WOQ_TMA`)."""
     model = WoqLinear(k, n, torch.bfloat16, bias=True).cuda()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     (out,), code = _compiled_code(model, [x], kernel_preference="triton")
     # the explicit preference's lowering, past AUTO's crossover (WOQ_INT8_MAX_M)
-    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear.any_m"]
+    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear"]
     assert kernel in code and "torch.ops.qlower" not in code
     assert _rel(out, model.reference(x)) < 1e-2
 
@@ -507,7 +511,7 @@ def test_compile_dynamic_m_one_graph_gated_launches():
     xs = [torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16) for m in (3, 17, 1000, 5)]
     torch._dynamo.mark_dynamic(xs[0], 0)
     outs, code = _compiled_code(model, xs, kernel_preference="triton")
-    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear.any_m"]
+    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear"]
     assert "qlinear_mm_kernel" in code
     for out, x in zip(outs, xs, strict=True):
         assert _rel(out, model.reference(x)) < 1e-2

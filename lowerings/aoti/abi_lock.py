@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from qlower.lowerings.aoti import codegen
-
 from qlower.lowerings.aoti import shim_ops as ops
 
 LOCK_PATH = Path(__file__).with_name("abi.lock")

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from qlower.lowerings.aoti import codegen
-
 from qlower.lowerings.aoti import shim_ops as ops
 
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "csrc"

@@ -19,12 +19,7 @@ from pathlib import Path
 
 import torch
 
-from qlower.lowerings.aoti import abi_lock
-
-from qlower.lowerings.aoti import build
-
-from qlower.lowerings.aoti import codegen
-
+from qlower.lowerings.aoti import abi_lock, build, codegen
 from qlower.lowerings.aoti import shim_ops as ops
 
 

@@ -20,7 +20,13 @@ from torchgen import gen_aoti_c_shim
 from torchgen.api.types import DispatcherSignature
 from torchgen.gen_aoti_c_shim import gen_static_dispatch_backend_call, get_header_for_aoti
 
-from qlower.lowerings.aoti.shim_ops import ShimOp, aten_op, aten_shim_names, parsed_native_yaml, torch_shim_symbols
+from qlower.lowerings.aoti.shim_ops import (
+    ShimOp,
+    aten_op,
+    aten_shim_names,
+    parsed_native_yaml,
+    torch_shim_symbols,
+)
 
 _VERSIONED = re.compile(r"(.+)_v(\d+)")
 _DECLARED = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")

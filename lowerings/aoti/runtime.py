@@ -19,10 +19,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qlower.lowerings.aoti import build
-
-from qlower.lowerings.aoti import codegen
-
+from qlower.lowerings.aoti import build, codegen
 from qlower.lowerings.aoti import shim_ops as ops
 
 log = logging.getLogger("qlower")

@@ -95,7 +95,7 @@ def qlower_ops() -> list[ShimOp]:
     and the ops whose lowerings refuse AOTInductor compiles (`custom_ops.PYTHON_RUNTIME_ONLY`)."""
     from torch._library.triton import triton_ops_to_kernels
 
-    import qlower  # noqa: F401  (registers the lowerings and their custom ops)
+    import qlower.lowerings  # noqa: F401  (registers the backends, their lowerings and custom ops)
     from qlower.lowerings.kernels.custom_ops import PYTHON_RUNTIME_ONLY
 
     names = sorted(

@@ -16,14 +16,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from qlower.lowerings.emit import inductor_fixes
+from qlower.lowerings.emit.common import Emitter, scale_vector, weight_nk
+from qlower.lowerings.emit.decompose import materialize
+from qlower.lowerings.kernels import custom_ops
 from qlower.patterns.graph_utils import aten, is_static, tensor_val
 from qlower.patterns.record import QuantLinear
-
-from qlower.lowerings.kernels import custom_ops
-
-from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.emit.decompose import materialize
-from qlower.lowerings.emit.common import Emitter, scale_vector, weight_nk
 
 # fp32 adds integers exactly up to 2**24; an int8 x int8 product is at most 128 * 128 = 2**14 in magnitude.
 EXACT_FP32_K = 2**24 // 2**14
@@ -149,7 +147,7 @@ def shift_to_u8(em: _Emitter, x_q: fx.Node) -> fx.Node:
 def make_emit_int_mm_u8() -> Callable[[fx.Graph, QuantLinear], fx.Node]:
     """u8s8 `_int_mm`: (x_q + 128) as uint8 [M, K] times the int8 weight, minus 128 * colsum(w) in the
     epilogue (exact in int32). The shift fuses into the quantize prologue; the column sums fold into a constant
-    under freezing. Which M take it is the lowering's `supports` (lowerings/backends/dynamic_int8_rules.py)."""
+    under freezing. Which M take it is the lowering's `supports` (lowerings/devices/cpu.py)."""
 
     def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         em = _emitter(graph, rec)

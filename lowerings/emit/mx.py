@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from qlower.lowerings.emit.common import Emitter, finish
 from qlower.patterns import mx_format as fmt
 from qlower.patterns.graph_utils import aten, prims, tensor_val
 from qlower.patterns.record import QuantLinear
-
-from qlower.lowerings.emit.common import Emitter, finish
 
 
 @torch.library.custom_op("qlower::mx_bytes", mutates_args=())

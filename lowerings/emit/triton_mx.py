@@ -17,66 +17,10 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
-from qlower.patterns.record import QuantLinear
-
-from qlower.lowerings.backends.capability import cuda_capability, describe_capability
 from qlower.lowerings.emit.common import Emitter, finish
-from qlower.lowerings.emit.mx import as_u8_view, scale_codes, spec_layout_blocker
-from qlower.lowerings.preference import KernelPreference
-from qlower.lowerings.registry import Lowering
-from qlower.lowerings.kernels.triton import triton_unavailable
-
-MIN_CAPABILITY = (8, 9)
-_ACT_DTYPES = (torch.bfloat16, torch.float16)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def supports_mx_triton(rec: QuantLinear) -> str | None:
-    why = triton_unavailable()
-    if why:
-        return why
-    if rec.device.type != "cuda":
-        return f"device {rec.device} is not CUDA"
-    cap = cuda_capability(rec.device)
-    if cap is None or cap < MIN_CAPABILITY:
-        return f"Triton fp8 needs capability >= 8.9; this device's is {describe_capability(cap)}"
-    if rec.act_quant is None:
-        xv = tensor_val(rec.x)
-        if xv is None or xv.dtype not in _ACT_DTYPES or xv.dim() != 2:
-            return f"activation dtype {rec.compute_dtype}: the kernels take bf16/fp16 activations"
-    elif rec.act_quant.scheme != "mx_block":
-        return f"activation quantization {rec.act_quant.scheme} is not MX"
-    if rec.compute_dtype not in _OUT_DTYPES:
-        return f"output dtype {rec.compute_dtype}"
-    return spec_layout_blocker(rec)
-
-
-def supports_mx_triton_measured(rec: QuantLinear) -> str | None:
-    """`supports_mx_triton`, minus where the tile kernel measured slower than the emulation by far.
-
-    Weight-only MX at a static M above the decode kernels' range: the tile kernel ran 0.16-0.43x bf16 at
-    M=128-4096 on the H200 (2026-11-30, BENCHMARKS.md), the emulation (dequantize once, bf16 matmul) 0.85-0.93x
-    of bf16 at M=4096. A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
-    """
-    why = supports_mx_triton(rec)
-    if why:
-        return why
-    from qlower.lowerings.kernels.triton.mx_ops import DECODE_MAX_M, GEMV_MAX_M  # no Triton import: mx_ops imports it, so read them lazily
-
-    if rec.act_quant is None:
-        if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
-            return (
-                f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "
-                "bf16 (M=128-4096) on H200, below the emulation; ask for KernelPreference.TRITON to use it anyway"
-            )
-        return None
-    if not is_static(rec.m) or int(rec.m) > GEMV_MAX_M:
-        return (
-            f"dynamic-activation MX with M={rec.m} > {GEMV_MAX_M} would run the fp8 tile kernel, measured at "
-            "0.15x bf16 (M=4096) and 0.33x (M=128) on H200; ask for KernelPreference.TRITON to use it anyway"
-        )
-    return None
+from qlower.lowerings.emit.mx import as_u8_view, scale_codes
+from qlower.patterns.graph_utils import known_eq, tensor_val
+from qlower.patterns.record import QuantLinear
 
 
 def _elem_code(elem: str) -> int:
@@ -121,20 +65,4 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
 
 
-MX_TRITON = Lowering(
-    name="triton.mx_linear",
-    family="mx",
-    kind=KernelPreference.TRITON,
-    supports=supports_mx_triton_measured,
-    emit=emit_mx_triton,
-    doc="qlower Triton MX kernels: GEMV at small M, tiles above (not for dynamic MX above the GEMV range)",
-)
 
-MX_TRITON_ANY_M = Lowering(
-    name="triton.mx_linear.any_m",
-    family="mx",
-    kind=KernelPreference.TRITON,
-    supports=supports_mx_triton,
-    emit=emit_mx_triton,
-    doc="the same kernels at every M (ranked after emulation: serves KernelPreference.TRITON)",
-)

@@ -9,13 +9,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from qlower.patterns.graph_utils import aten, tensor_val
-from qlower.patterns.record import QuantLinear
-
-from qlower.lowerings.kernels import custom_ops
-
 from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
 from qlower.lowerings.emit.common import (
     Emitter,
     finish,
@@ -26,6 +20,10 @@ from qlower.lowerings.emit.common import (
     scale_vector,
     weight_nk,
 )
+from qlower.lowerings.kernels import custom_ops
+from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
+from qlower.patterns.graph_utils import aten, tensor_val
+from qlower.patterns.record import QuantLinear
 
 
 def _kernel_scale(em: Emitter, rec: QuantLinear) -> tuple[fx.Node, bool]:

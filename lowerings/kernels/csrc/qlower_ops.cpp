@@ -1,7 +1,8 @@
 // C++ kernels of qlower's ops, for processes without qlower's Python (a C++ AOTInductor deployment).
 // The schemas are not written here: lowerings/aoti/build.py generates them from the Python registrations
-// (qlower/lowerings/kernels/custom_ops.py), and the dispatcher checks each kernel below against its schema at load.
-// Each kernel must compute exactly what its Python implementation computes (tests/test_aoti_cpp_ops.py).
+// (lowerings/kernels/custom_ops.py), and the dispatcher checks each kernel below against its schema at load.
+// Each kernel must compute exactly what its Python implementation computes
+// (tests/test_aoti_export.py::test_package_runs_without_qlower_python_on_the_cpp_ops_library).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/_weight_int8pack_mm.h>

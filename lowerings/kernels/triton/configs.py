@@ -37,7 +37,7 @@ class KernelConfig:
     acc3: bool = False  # "decode" FMA at BLOCK_M 1: a [BLOCK_N, BLOCK_K] accumulator reduced once at the end
 
     def __str__(self) -> str:
-        if self.kernel == "decode":  # scripts/gpu_exp_woq.py's variant names
+        if self.kernel == "decode":  # the names the comments below quote ("fma 1x4x1024 w2 s1 cvt2 acc3")
             s = f"{'dot' if self.swap_ab else 'fma'} {self.block_m}x{self.block_n}x{self.block_k} "
             return s + f"w{self.num_warps} s{self.num_stages} cvt{self.cvt}" + (" acc3" if self.acc3 else "")
         tags = [
@@ -88,8 +88,8 @@ def tma(
     group_m: int = 8,
 ) -> KernelConfig:
     """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
-    is refused: the variant lost in session 8 and was removed); the launcher falls back to `mm` where TMA's
-    alignment rules do not hold."""
+    is refused: on the H200 it lost to the pointer tile at every swept point and was removed); the launcher
+    falls back to `mm` where TMA's alignment rules do not hold."""
     return KernelConfig(
         "tma", bm, bn, bk, warps, stages, group_m=group_m, swap_ab=swap, fast_cvt=fast, progs_per_sm=progs_per_sm
     )
@@ -113,19 +113,26 @@ def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelC
     return KernelConfig("limbs", bm, bn, bk, warps, stages)
 
 
-# scripts/gpu_exp_woq.py's winners (H200, 2026-11-30; names as the script prints them)
+# Where the numbers below come from: the compiled woq_int8 rows are in BENCHMARKS.md, "CUDA (H200),
+# woq_int8"; the kernel sweeps behind each config (H200, torch 2.11, Triton 3.6, 2026-11-30), their scripts
+# and raw output are at git tag lab-archive, written up in `git show lab-archive:BENCHMARKS.md` (the
+# sections quoted below as "lab-archive BENCHMARKS.md").
+
+# The M = 1 "decode" winners of the woq M = 1 kernel sweeps (names as `KernelConfig.__str__` prints them)
 DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
-# session 5 (two gpu_exp_woq.py runs on the H200, side by side with the 8-row tile): 4 rows on 2 warps per program
-# (1024 programs at N = 4096) won both K >= N shapes, 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58
-# vs 17.81 / 17.93 us at 14336->4096 (benchmarks/h200_experiments/woq_m1_*session5.txt)
+# 4 rows on 2 warps per program (1024 programs at N = 4096), in two runs side by side with the 8-row tile, won
+# both K >= N shapes: 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58 vs 17.81 / 17.93 us at
+# 14336->4096 (lab-archive BENCHMARKS.md, "woq-int8 at M=1: 4-row tiles on 2 warps")
 DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
-# session 6: with int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand,
-# mma.sync) beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K
+# With int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand, mma.sync)
+# beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K (lab-archive
+# BENCHMARKS.md, "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)" and the compiled table after it)
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
-# session 8: woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX);
-# falls back to WOQ_TMA_FALLBACK where TMA cannot serve (ops._tma_unsupported)
+# woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; lab-archive
+# BENCHMARKS.md, "woq-int8 with TMA-fed operands"); falls back to WOQ_TMA_FALLBACK where TMA cannot serve
+# (ops._tma_unsupported)
 WOQ_TMA = tma(128, 128, 64, 4, 4, progs_per_sm=2, fast=2)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -140,45 +147,47 @@ def m_bucket(m: int) -> int:
 
 
 # Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
-# sweeps of scripts/tune_cuda_kernels.py, gpu_exp_woq.py (the M = 1 "decode" entries) and gpu_exp_woq_midm.py).
-# Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before, timed in the same run.
+# sweeps: `scripts/tune_cuda_kernels.py --sweep`, plus the woq M = 1 "decode" and M 4..4096 kernel sweeps
+# kept at git tag lab-archive). Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before,
+# timed in the same run.
 WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
-    # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX, session 6
-    # (gpu_exp_woq_midm.py WOQ_EXP_CVT=1, benchmarks/h200_experiments/woq_ptx_cvt_session6.json; "was": the
-    # entry before, timed in the same run)
+    # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX (lab-archive BENCHMARKS.md,
+    # "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)"; "was": the entry before, same run)
     (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was decode_dot(16, 32, 256): 10.93; bf16 13.4)
     (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was decode_dot(16, 32, 256): 10.68; bf16 13.5)
     (64, 4096, 4096): mm(32, 64, 256, 4, 4, fast=2),  # 16.24 (was the same tile swap-AB: 17.52; bf16 12.0)
-    # M 128 / 256: session 4 swept 13 configs per point incl. split-K (gpu_exp_woq_midm.py); session 6's third
-    # run moved them to swap-AB with the 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 /
-    # 16.5 us), above dequant + mm (26.5 / 28.7 us)
+    # M 128 / 256: a sweep of 13 configs per point incl. split-K (lab-archive BENCHMARKS.md, "woq-int8 at
+    # M = 64..256: the crossover moved from 64 to 256"); the later PTX sweep moved them to swap-AB with the
+    # 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 / 16.5 us), above dequant + mm
+    # (26.5 / 28.7 us)
     (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
     (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
     # M >= 1024 (served under an explicit TRITON preference; AUTO uses dequant + cuBLAS there) and M=256 at
-    # N=14336: TMA-fed operands, 2 programs per SM (session 8, gpu_exp_woq_midm.py WOQ_EXP_TMA=1/2,
-    # benchmarks/h200_experiments/woq_tma*_session8.json; "was": the entry before, same run)
+    # N=14336: TMA-fed operands, 2 programs per SM (lab-archive BENCHMARKS.md, "woq-int8 with TMA-fed
+    # operands"; "was": the entry before, same run)
     (1024, 4096, 4096): WOQ_TMA,  # 64.1 (was mm(128, 128, 64, 4, 3, fast=2): 69.5; bf16 46.0)
     (4096, 4096, 4096): WOQ_TMA,  # 237.3 (was mm(128, 128, 64, 4, 3, fast=2): 265.1; bf16 170.7)
     (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
-    # M 4 / 16, 4096->14336: session 4's int8-limb kernel (woq_limbs.py) held M=4; the PTX tile beat it
+    # M 4 / 16, 4096->14336: the int8-limb kernel (woq_limbs.py) held M=4 until the PTX tile beat it
     (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
     (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
-    # M >= 128, N = 14336: PTX entries of the session-6 run ("was" timed in it)
+    # M >= 128, N = 14336: PTX entries of the PTX sweep ("was" timed in it); the TMA entries as above
     # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
     (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
-    (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9; session 8)
-    (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5; session 8)
+    (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9)
+    (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5)
     (4096, 4096, 14336): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
     (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
-    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the session-6
-    # second run. (woq_decode's "sem" split, faster in session 5, needs a persistent zeroed counter buffer, which
-    # a functional op cannot keep.)
+    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the second
+    # PTX sweep. (woq_decode's "sem" split, faster in the earlier decode-kernel sweep, needs a persistent
+    # zeroed counter buffer, which a functional op cannot keep.)
     (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
     (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
 }
-# Second H200 run (scripts/gpu_exp_int8.py, 2026-11-30): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
+# The TMA sweep on the H200 (2026-11-30; lab-archive BENCHMARKS.md, "CUDA (H200): dynamic_int8, the TMA
+# kernel"; script and raw output at that tag): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
 # 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
 # two-half TMA store won at M >= 1024 (1223-1407 TOP/s; 128x256 tiles 1263-1290). At M=256 it lost to `mm`
 # (32.8 vs 31.5 us), so buckets <= 512 keep `mm`.
@@ -189,7 +198,7 @@ DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
     (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
     (64, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.1
-    # M=128: 2026-11-30 session-3 sweep (tune_cuda_kernels.py --sweep --sweep-m 128); before it the bucket fell
+    # M=128: 2026-11-30 sweep (tune_cuda_kernels.py --sweep --sweep-m 128); before it the bucket fell
     # to the M <= 256 rule's 128x128 tiles: 32 programs at N=4096 on 132 SMs, 24.5 us compiled (0.55x bf16).
     (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.2 (the rule's 128x128x128: 22.8)
     (256, 4096, 4096): mm(64, 128, 128, 4, 4),  # 15.3
@@ -213,13 +222,13 @@ _DYNAMIC_LARGE_BUCKET = 1024
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
     """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won the sweeps (None: M > 16).
 
-    M = 1: 1x4x1024 acc3 on 2 warps (session 5; 1x8x1024 on 4 warps before) won both measured shapes with
+    M = 1: 1x4x1024 acc3 on 2 warps (replacing 1x8x1024 on 4 warps) won both measured shapes with
     K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
     narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long
     K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336
     there are programs enough either way. K = N itself was measured (acc3 won), so the switch is at K >= N
     rather than K >= 2N; nothing was measured between K = N and N = 3.5 K.
-    M 2..16: since session 6 the plain 16-row `mm` tile with the PTX conversion won every measured shape (its
+    M 2..16: the plain 16-row `mm` tile with the PTX conversion won every measured shape (MM16_NARROW_PTX; its
     16-row tile serves any M <= 16 alike, so buckets 2 and 8 follow 4 and 16): 32 columns where K >= N, 64
     where N > K.
     """
@@ -243,8 +252,8 @@ def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
         return gemv(1, 8, 1024)
     if bucket <= 16:
         return _mm16_ptx(k, n)
-    wide = n > 8192  # the session-4 M=64..256 run: narrow swap-AB tiles at N=4096, wider ones at N=14336
-    if bucket <= 64:  # session 6: PTX conversions, 2 elements per call on the swap-AB register operand
+    wide = n > 8192  # the M=64..256 sweep: narrow swap-AB tiles at N=4096, wider ones at N=14336
+    if bucket <= 64:  # the PTX sweep: PTX conversions, 2 elements per call on the swap-AB register operand
         return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
     if bucket <= 128:
         return mm(128, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(64, 64, 128, 4, 4, swap=True, fast=3)
@@ -309,13 +318,16 @@ def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, Ker
 
 
 # Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
-# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200: the session-4 run
-# (scripts/gpu_exp_woq_midm.py) timed the Triton kernel against dequant + cuBLAS side by side at M = 64, 128 and
-# 256 on 4096->4096 and 4096->14336, and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
+# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200: a kernel sweep
+# (lab-archive BENCHMARKS.md, "woq-int8 at M = 64..256: the crossover moved from 64 to 256") timed the
+# Triton kernel against dequant + cuBLAS side by side at M = 64, 128 and 256 on 4096->4096 and 4096->14336,
+# and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
 # F.linear there). At M=1024 it lost (77.9 vs 57.8 us on 4096->4096; the mixed-dtype tensor-core loop reaches
 # ~450 TFLOP/s, cuBLAS bf16 ~800), and at M=4096 (302 vs 195 us; 4096->14336 1096 vs 649 us). M=512 was not
-# measured, so the limit is the last measured win. Session 6's PTX tiles narrowed the gap but still lose there
-# (M=1024 4096^2: 67.7 vs 57.9 us; M=4096: 266 vs 189 us). dynamic-int8: int8 tensor cores at ~1090 TOP/s at M=4096
-# beat `_int_mm` (cuBLAS, ~860 TOP/s in shared/notes/baselines.md) and the emulated path everywhere measured.
+# measured, so the limit is the last measured win. The PTX tiles narrowed the gap but still lose there
+# (M=1024 4096^2: 67.7 vs 57.9 us; M=4096: 266 vs 189 us; AUTO's compiled rows: BENCHMARKS.md, "CUDA (H200),
+# woq_int8"). dynamic-int8: qlower's int8 tensor-core kernels beat cuBLASLt `_int_mm` (M=4096,
+# 4096->14336: 342 vs 544.8 us kernel alone, 1407 vs ~880 TOP/s; BENCHMARKS.md, "CUDA (H200), dynamic_int8")
+# and the emulated path everywhere measured.
 WOQ_INT8_MAX_M: int | None = 256
 DYNAMIC_INT8_MAX_M: int | None = None

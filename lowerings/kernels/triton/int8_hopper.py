@@ -10,8 +10,9 @@ walks the output tiles in grouped order, so the next tile's loads start while th
 The entry point, `int8_mm_tma_dev_kernel`, takes plain pointers and builds the descriptors on the device
 (`tl.make_tensor_descriptor`); Triton then needs a global scratch buffer per launch, obtained through
 `triton.set_allocator` (Inductor installs one when it launches kernels; eager callers must set one). The
-body, `_mm_tiles`, also serves the experiment's host-descriptor entry point (scripts/gpu_exp_int8.py), which
-torch 2.11 cannot trace through a triton_op (benchmarks/h200_experiments/int8_exp.txt).
+body, `_mm_tiles`, also served a host-descriptor entry point (`TensorDescriptor` built on the host) in the
+TMA sweep (git tag lab-archive); torch 2.11 cannot trace one through a triton_op (Inductor: "'<=' not
+supported between instances of 'TensorDescriptor' and 'int'"), so the op builds its descriptors on the device.
 
 Epilogue, same as `kernels._epilogue`: out = acc_int32 * w_scale[n] * x_scale[m] (+ bias[n]), cast once.
 `EPI_TMA` stores through a descriptor (`EPI_SPLIT` 1 or 2: the tile or its two N halves, so the staging
@@ -123,7 +124,8 @@ def _mm_tiles(
     loop's: with FLATTEN the pipeliner may hoist the next tile's coordinates above this tile's epilogue.
     INT8_A False (woq-int8): a is bf16/fp16 and each weight tile is converted in registers (`FAST_CVT`, see
     `kernels._int8_to`) as the MMA's B operand. (A swap-AB variant, the converted weight as wgmma's register
-    operand, was 1.07-1.9x slower than the pointer tile at every point of the session-8 H200 sweep and was removed.)
+    operand, was 1.07-1.9x slower than the pointer tile at every point of the H200 sweep and was removed;
+    `git show lab-archive:BENCHMARKS.md`, "woq-int8 with TMA-fed operands".)
     """
     start = tl.program_id(0)
     step = tl.num_programs(0)
@@ -223,8 +225,8 @@ def woq_mm_tma_dev_kernel(
 ):
     """out[M, N] = a[M, K] (bf16/fp16) @ (w[N, K] int8 * ws[N]).T (+ bias): woq-int8 with TMA-fed operands.
 
-    Same walk and epilogue as `int8_mm_tma_dev_kernel`, with a masked `tl.store` (what the session-8 sweep
-    timed).
+    Same walk and epilogue as `int8_mm_tma_dev_kernel`, with a masked `tl.store` (the form the H200 sweep
+    behind `configs.WOQ_TMA` timed).
     """
     a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, [N, K], [stride_wn, 1], [BLOCK_N, BLOCK_K])

@@ -12,9 +12,7 @@ from typing import Any
 import torch
 from torch.library import triton_op, wrap_triton
 
-from qlower.lowerings.kernels.triton import interpreted
-
-from qlower.lowerings.kernels.triton import configs
+from qlower.lowerings.kernels.triton import configs, interpreted
 from qlower.lowerings.kernels.triton.configs import KernelConfig
 from qlower.lowerings.kernels.triton.int8_hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
 from qlower.lowerings.kernels.triton.int8_kernels import qlinear_mm_kernel, woq_int8_gemv_kernel

@@ -22,8 +22,9 @@ from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static
-from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words, launch_decode
+from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
+from qlower.lowerings.kernels.triton.mx_launch import launch_decode
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 
@@ -67,10 +68,13 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 
 
 # ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
-# Measured on the H200 (scripts/gpu_exp_mx.py; torch 2.11, Triton 3.6; CUDA-graph replay over 8 rotating
-# weight sets; bf16 activations; us).
-# 2026-11-30, session 3: the f16x2 GEMV (`mx_hfma`, kernel "hfma"), two sweeps, 13 shapes per M (v2 numbers;
-#   bf16 F.linear 30-32 us at 4096->14336 and 14336->4096, 13.3-13.5 us at 4096->4096; "was": session 2's pick):
+# Measured on the H200 by the MX decode-kernel sweeps (torch 2.11, Triton 3.6; CUDA-graph replay over 8
+# rotating weight sets; bf16 activations; us; all 2026-11-30). Their script and raw output are at git tag
+# lab-archive, written up in `git show lab-archive:BENCHMARKS.md` (sections quoted below); the compiled rows
+# now: BENCHMARKS.md, "CUDA (H200), mx".
+# The f16x2 GEMV (`mx_hfma`, kernel "hfma"), two sweeps, 13 shapes per M (second sweep's numbers; bf16
+#   F.linear 30-32 us at 4096->14336 and 14336->4096, 13.3-13.5 us at 4096->4096; "was": the decode kernels'
+#   pick before it; "MX weight-only on packed f16x2 FMAs"):
 #   M=1: N > K n16 kw128 (fp4 14.6 was 24.9; fp8 16.5 was 19.3); N = K n8 kw256 (fp4 6.2 was 11.4; fp8 7.7
 #     was 11.0); K > N a 2-way K split, fp4 n16 kw128 (16.9 was 29.5), fp8 n8 kw256 (18.1 was 29.5).
 #   M=2 (block_m 2): N > K fp4 n16 kw128 (21.8 was 45.5), fp8 the same split 2 (22.8 was 40.2); N = K n8 kw256
@@ -80,22 +84,24 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 #     18.8), K > N n8 kw128 (47.6 was 61.1); fp8 N > K the dot kernel below stays (40.2 vs 43.1), N = K n8 kw256
 #     (14.9, tile kernel 18.7), K > N n16 kw128 sk2 (43.1, tile kernel 64.7).
 #   M=16: every hfma shape lost to the dot kernel (fp4 128-150 vs 46-103 us): block_m 4 repeats x work per row.
-# 2026-11-30, session 2 (the "gemv"/"mm" decode kernels against the older current kernel):
+# The first decode-kernel sweep (the "gemv"/"mm" decode kernels against the kernels before them; the MX
+#   paragraph of "CUDA (H200): woq_int8 decode kernel"):
 #   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
 #     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
 #   M > 16: not measured; the current tile kernels.
-# 2026-11-30, session 4: register prefetch of the next weight tile (`prefetch`) at M=1, 8 shapes side by side
-#   (benchmarks/h200_experiments/mx_hfma_prefetch_session4.txt): fp4 n16 kw128 pf won all three (K, N): 13.2 vs
-#   14.6 us (N > K), 6.1 vs 6.1 (N = K), 16.0 vs the split-K pick's 17.1 (K > N, no split needed); fp8 only at
-#   N = K (n8 kw256 pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4
-#   (mx_hfma_m{2,4}_session4.txt) moved the entries marked "session 4" in HF_M2 / HF_M4 (prefetch; 2 warps
-#   with a K split for fp4 K > N at M=4); ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
-# 2026-11-30, session 5: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`); at M=1
-#   (mx_m1*_session5.txt, two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs prefetch 13.0 / 13.0 (bf16 30.4);
-#   N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6, n8 kw256 15.2 (within noise: kept).
-#   At M=3..4 (mx_m24_session5.txt) two programs of 2 rows each beat one of 4 where N <= K: 11.0 vs 13.1 us
-#   at 4096^2, 32.5 vs 35.6 at 14336->4096 (1.00x bf16); at N > K it tied (35.4 vs 36.2) and stayed. M=2 kept
-#   its picks (each within 0.1 us of the best of 13 shapes).
+# The prefetch run: register prefetch of the next weight tile (`prefetch`) at M=1, 8 shapes side by side
+#   ("MX weight-only: register prefetch"): fp4 n16 kw128 pf won all three (K, N): 13.2 vs 14.6 us (N > K),
+#   6.1 vs 6.1 (N = K), 16.0 vs the split-K pick's 17.1 (K > N, no split needed); fp8 only at N = K (n8 kw256
+#   pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4 moved the
+#   entries marked "prefetch run" in HF_M2 / HF_M4 (prefetch; 2 warps with a K split for fp4 K > N at M=4);
+#   ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
+# The 11-op decode run: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`; "The
+#   e2m1 decode in 11 integer ops per word"); at M=1 (two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs
+#   prefetch 13.0 / 13.0 (bf16 30.4); N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6,
+#   n8 kw256 15.2 (within noise: kept).
+#   At M=3..4 ("MXFP4 at M = 2-4 with the new decode") two programs of 2 rows each beat one of 4 where N <= K:
+#   11.0 vs 13.1 us at 4096^2, 32.5 vs 35.6 at 14336->4096 (1.00x bf16); at N > K it tied (35.4 vs 36.2) and
+#   stayed. M=2 kept its picks (each within 0.1 us of the best of 13 shapes).
 #   Software-pipelined loads (`tl.range(num_stages=2..4)`, cp.async through shared memory) lost at every shape
 #   (e.g. 14.1-16.3 vs 12.3 us) and were not kept.
 # Other (K, N) follow the same rules by the sign of N - K. E5M2 weights and MX activations keep the current
@@ -104,14 +110,14 @@ DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
 HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
-HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (session 4)
+HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (the prefetch run)
 HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
 HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
 
 
 def _m1(w_fmt: int, side: int) -> DecodeConfig:
     """The M=1 config by weight format and the sign of N - K."""
-    if w_fmt == E2M1:  # session 5: with the 11-op decode, N > K runs best without prefetch (12.3 vs 13.0 us)
+    if w_fmt == E2M1:  # with the 11-op decode, N > K runs best without prefetch (12.3 vs 13.0 us)
         return HF_WIDE if side > 0 else HF_FP4_M1
     return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_FP8_M1_NARROW
 
@@ -120,18 +126,18 @@ HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
     (E2M1, 1): HF_FP4_2ROWS,
     (E4M3, 1): replace(HF_WIDE, block_m=2, split_k=2),
     (E2M1, 0): replace(HF_SQUARE, block_m=2),
-    (E4M3, 0): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 9.8 vs 10.8 us
+    (E4M3, 0): replace(HF_SQUARE, block_m=2, prefetch=True),  # prefetch run: 9.8 vs 10.8 us
     (E2M1, -1): replace(HF_WIDE, block_m=2, split_k=2),
-    (E4M3, -1): replace(HF_SQUARE, block_m=2, prefetch=True),  # session 4: 25.9 vs 28.7 us
+    (E4M3, -1): replace(HF_SQUARE, block_m=2, prefetch=True),  # prefetch run: 25.9 vs 28.7 us
 }
 DEC_MM_FP4 = DecodeConfig("mm", CVT, block_n=64, block_kw=16, num_warps=4, num_stages=3, block_m=16)
 DEC_MM_FP8 = DecodeConfig("mm", CVT, block_n=64, block_kw=32, num_warps=4, num_stages=3, block_m=16)
 HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
-    (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # session 4: 34.9 vs 39.2 us
+    (E2M1, 1): replace(HF_WIDE, block_m=4, prefetch=True),  # prefetch run: 34.9 vs 39.2 us
     (E4M3, 1): DEC_MM_FP8,
-    (E2M1, 0): HF_FP4_2ROWS,  # session 5: 11.0 vs 13.1 us (block_m 4, prefetch)
+    (E2M1, 0): HF_FP4_2ROWS,  # 11-op decode run: 11.0 vs 13.1 us (block_m 4, prefetch)
     (E4M3, 0): replace(HF_SQUARE, block_m=4),
-    (E2M1, -1): HF_FP4_2ROWS,  # session 5: 32.5 vs 35.6 us (session 4's 2-warp split-K pick)
+    (E2M1, -1): HF_FP4_2ROWS,  # 11-op decode run: 32.5 vs 35.6 us (the prefetch run's 2-warp split-K pick)
     (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
 _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
@@ -186,7 +192,8 @@ def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
 
     "m > 1" is never taken as proof: tracing assumes a symbolic size >= 2 (0/1 specialization), yet the
     graph also runs at M = 1 where nothing recompiles (AOTInductor). Pruning the M == 1 bucket on that
-    assumption left M = 1 with no launch at all (an unwritten output, seen on the H200 in session 8).
+    assumption left M = 1 with no launch at all (an unwritten output, seen on the H200 through AOTInductor;
+    tests/test_mx_triton_interp.py::test_dynamic_m_buckets_cover_m1_under_the_size_assumption).
     """
     if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
         return None

@@ -1,10 +1,11 @@
 """Decode-size (M <= 16) weight-only int8 kernels. `ops.woq_int8_linear` launches `woq_decode_kernel` (no
 split-K) where `configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config; the split-K forms and the
-`woq_decode` launcher below serve `scripts/gpu_exp_woq.py`.
+eager `woq_decode` launcher below are what the M <= 16 kernel sweeps timed (their script: git tag lab-archive)
+and no config picks them.
 
 At decode sizes a woq-int8 linear is one pass over the int8 weight, so the kernel must keep enough bytes in
 flight per SM to run near HBM bandwidth, spend few instructions per weight byte, and leave no half-empty
-last wave on 132 SMs. One kernel, `woq_decode_kernel`, covers the variants `scripts/gpu_exp_woq.py` sweeps:
+last wave on 132 SMs. One kernel, `woq_decode_kernel`, covers the variants those sweeps timed:
 
 - USE_DOT=False: FMA on CUDA cores (M <= 4): a [BLOCK_N, BLOCK_K] int8 tile, 16-byte loads along K, reduced
   along K every step (BLOCK_K <= 512 keeps that inside a warp) or, for one row, kept as a 2-D accumulator

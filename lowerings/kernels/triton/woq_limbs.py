@@ -1,7 +1,8 @@
 """woq-int8 on the int8 tensor cores: the activation split exactly into three int8 limbs, the weight used as is.
 
 Why: the woq tile kernel (`kernels.qlinear_mm_kernel`) converts every int8 weight element to bf16 in its main
-loop, about 5 instructions per element (`scripts/sass_loop_stats.py`), and at M = 16..256 on the H200 it
+loop, about 5 instructions per element (SASS counts: `git show lab-archive:BENCHMARKS.md`, "What limits the
+woq tile kernel at M >= 16"), and at M = 16..256 on the H200 it
 reached only 0.6-0.7x bf16 F.linear. The int8 weight can feed the int8 tensor cores untouched if the
 activation is int8 too. Each activation row becomes X = round(x * 2**(21 - e)), with e the exponent of the
 row's amax, so |X| < 2**22, written as X = d2 * 2**16 + d1 * 2**8 + d0 with int8 digits d0, d1 in

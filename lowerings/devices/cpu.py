@@ -1,0 +1,377 @@
+"""CPU backend: `_weight_int8pack_mm` where it is correct and faster than the alternatives, else fused dequant.
+
+Measured on the CI CPU (2-core AVX512 EPYC, torch 2.13, 4096x4096, see BENCHMARKS.md): the packed kernel is
+a GEMV per row, so its cost grows linearly with M (bf16: ~0.55 ms per row at 4096x4096), while converting
+the weight (2.2 ms into a reused buffer, see `SCRATCH_MIN_BYTES`) + bf16 GEMM costs little more than the GEMM:
+the packed kernel wins up to M=8. With fp16/fp32 activations the packed kernel is slow
+(7-9 ms at M=1) and only wins at M=1. With bf16 on AVX512 it needs K % 16 == 0 and does not check it
+(wrong numbers for K=8/24/40, a segfault for K=7/33: shared/notes/torch-internals.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import fx
+from torch._inductor.virtualized import V
+
+from qlower.lowerings.devices.common import int8_operands
+from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
+from qlower.lowerings.emit.dynamic_int8 import (
+    emit_int_mm,
+    emit_qlinear_u8,
+    emit_qlinear_u8_cached,
+    make_emit_int_mm_u8,
+)
+from qlower.lowerings.emit.woq_int8 import (
+    emit_int8_weight_mm,
+    emit_int8pack_mm,
+    make_emit_int8pack_by_m,
+    weight_scale_range_blocker,
+)
+from qlower.lowerings.kernels import cpu_prepack
+from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.registry import Lowering, register_backend
+from qlower.patterns.graph_utils import is_static
+from qlower.patterns.record import QuantLinear
+
+# Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype. bf16, 1 thread
+# (session 2, once the float copy stopped page-faulting): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
+# (4096->14336), 0.25 vs 0.34 ms (1024^2); M=16 packed 8.73 vs 7.42 ms, 29.4 vs 24.1 ms, 0.48 vs 0.41 ms.
+# (It was 64 while the dequant + GEMM paid ~16 ms of page faults per call at 4096^2.)
+PACKED_MAX_M = {torch.bfloat16: 8, torch.float16: 1, torch.float32: 1}
+
+
+def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return "K or N is symbolic (dynamic weight shape)"
+    if rec.compute_dtype not in PACKED_MAX_M:
+        return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
+    if rec.compute_dtype == torch.bfloat16 and rec.k % 16 != 0:
+        return f"bf16 _weight_int8pack_mm on CPU needs K % 16 == 0 (K={rec.k}); it gives wrong numbers or crashes"
+    return weight_scale_range_blocker(rec)
+
+
+def _supports_packed_static_m(rec: QuantLinear) -> str | None:
+    why = _packed_kernel_is_correct(rec)
+    if why:
+        return why
+    if not is_static(rec.m):
+        return "M is dynamic (the by-M lowering decides at run time)"
+    m, limit = int(rec.m), PACKED_MAX_M[rec.compute_dtype]
+    if m == 0:
+        return "M == 0"
+    if m > limit:
+        return f"M={m} > {limit}: dequant + GEMM is faster on CPU"
+    return None
+
+
+def _supports_packed_by_m(rec: QuantLinear) -> str | None:
+    why = _packed_kernel_is_correct(rec)
+    if why:
+        return why
+    if is_static(rec.m):
+        return "M is static (decided at compile time)"
+    return None
+
+
+WOQ_INT8_PACKED_CPU = Lowering(
+    name="aten._weight_int8pack_mm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_packed_static_m,
+    emit=emit_int8pack_mm,
+    doc="packed int8 weight GEMV; wins at small M",
+)
+
+WOQ_INT8_PACKED_BY_M_CPU = Lowering(
+    name="qlower.woq_int8_mm_by_m",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_packed_by_m,
+    emit=lambda graph, rec: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(graph, rec),
+    doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
+)
+
+
+# int8 -> float into a reused buffer + GEMM, for float weights of >= 16 MiB. glibc serves allocations of 32 MiB
+# and more from a fresh mmap, and in this VM the first touch of each page faults: converting int8 to bf16 into
+# a fresh tensor took 19.2 ms at 4096x4096 against 2.2 ms into a reused buffer (1 thread); at 4096x3072
+# 2.1 vs 1.7 ms, at 2048x2048 and below equal, where the custom op's fixed cost made it a loss
+# (1.60 vs 1.45 ms for the whole M=128, 1024x1024 linear).
+SCRATCH_MIN_BYTES = 16 * 2**20
+
+
+def _supports_scratch_mm(rec: QuantLinear) -> str | None:
+    from torch._inductor.virtualized import V
+
+    if rec.compute_dtype not in PACKED_MAX_M:
+        return f"activation dtype {rec.compute_dtype} is not a float GEMM dtype"
+    if not (is_static(rec.m) and is_static(rec.k) and is_static(rec.n)):
+        return "M, K or N is symbolic (the by-M lowering decides at run time)"
+    nbytes = int(rec.k) * int(rec.n) * rec.compute_dtype.itemsize
+    if nbytes < SCRATCH_MIN_BYTES:
+        return f"the float weight ({nbytes >> 20} MiB) is < 16 MiB: Inductor's fused dequant is as fast"
+    if V.aot_compilation:
+        return "AOTInductor: the package has no Python run time for the reused buffer"
+    return None
+
+
+WOQ_INT8_SCRATCH_MM_CPU = Lowering(
+    name="qlower.int8_weight_mm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_scratch_mm,
+    emit=emit_int8_weight_mm,
+    doc="int8 weight converted (and scaled, where the graph scales it) into a reused per-thread buffer, float "
+    "GEMM, an output scale in the epilogue",
+)
+
+
+# --------------------------------------------------------------------- dynamic_int8
+# The dynamic-int8 lowerings of each device and the rules that say when each is correct.
+#
+# - CPU (measured on the AVX512-VNNI CI CPU without AMX, 1 thread, 4096x4096, 4 rotating weights, ms):
+#
+#       M     bf16   s8 _int_mm  u8 _int_mm  u8 _int_mm, KN weight  u8 qlinear, prepacked  s8 qlinear
+#       1     4.19   1.12        0.97        2.92                   1.71
+#       16    4.89   7.28        4.36        3.44                   2.01
+#       128  21.37  15.48       12.71       11.79                  10.48                   ~37 000
+#
+#   Weight a constant (freezing, M >= 2): u8 oneDNN qlinear on a weight prepacked once at compile time (it
+#   also won at K = 1024..2816, by 3-45%). Otherwise, M >= 2 and K >= 4096: u8s8 `_int_mm` (x_q + 128 as
+#   uint8, minus 128 * colsum(w), ~0.7 ms more for the sums; s8s8 re-packs the [N, K] weight every call, which
+#   costs most at large K: s8 won at K <= 2816, u8 at K = 4096, 8192); else s8s8 `_int_mm` (M = 1: a GEMV).
+#   Inductor's own freezing rewrite of `convert(_int_mm(x, w)) * s * s` makes an s8 qlinear, which took 37.5 s
+#   for one M=128 call: qlower's epilogue never has that shape. AMX CPUs: s8s8 `_int_mm` (as torchao picks).
+# - CUDA: cuBLASLt `_int_mm` needs M > 16, K % 8 == 0 and N % 8 == 0, and its meta kernel checks none of
+#   them; the operands it gets are row-major x [M, K] and the transposed view of a contiguous [N, K] weight
+#   (the TN layout cuBLASLt int8 wants). Small or dynamic M is padded to 17 rows (a static pad fuses into the
+#   quantize prologue; a dynamic M goes through `qlower::int8_mm_min_m`). Other K, N: the emulated lowering.
+# - XPU: `_int_mm` (oneDNN), no size rules as of torch 2.13.
+
+CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums (where it is right, below)
+
+
+
+CPU_U8_MIN_K = 4096  # below: s8s8 `_int_mm` was faster (K = 1024, 2048, 2816); u8s8 won at K = 4096, 8192
+
+
+
+# Cached-prepack qlinear: a fixed ~55 us per call (custom op + oneDNN); it won from K*N = 2^22 int8 weights on
+# (M=16: 394 vs 806 us at 2048^2, 364 vs 987 us at 4096x1024), tied at 1024^2 and lost below (63 vs 10 us
+# at 256^2). 1 thread, CI CPU, single calls.
+CPU_CACHED_MIN_WEIGHT = 2**22
+
+
+
+def cpu_int8_isa() -> str:
+    """'amx', 'vnni' or 'none': the running CPU's int8 dot-product unit (QLOWER_CPU_INT8_ISA overrides)."""
+    forced = os.environ.get("QLOWER_CPU_INT8_ISA")
+    if forced:
+        return forced
+    if torch.cpu._is_amx_tile_supported():
+        return "amx"
+    return "vnni" if torch.cpu._is_vnni_supported() else "none"
+
+
+
+@functools.cache
+def int_mm_takes_uint8() -> bool:
+    """Whether this torch's CPU `_int_mm` accepts a uint8 activation (torch 2.13 does; 2.11 raises "expected
+    self to be int8", measured on the H200 host)."""
+    try:
+        torch._int_mm(torch.zeros(1, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.int8))
+    except RuntimeError:
+        return False
+    return True
+
+
+
+def u8s8_at_m1(rec: QuantLinear) -> bool:
+    """Whether an M that can be 1 (a static 1, or a symbolic M) takes u8s8 rather than s8s8 `_int_mm`.
+
+    On VNNI CPUs without AMX, where torch's `_int_mm` takes uint8: the form torchao itself runs there, and
+    measured faster at M = 1 (0.97 vs 1.12 ms at 4096^2, the table above). The M = 1 garbage once blamed on
+    s8s8 there was a stride-0 leading dimension (`inductor_fixes.dense_unit_strides`); s8s8 with dense operands
+    was exact at M = 1, 2, 3, 17 under oneDNN's AVX512_CORE_VNNI ISA cap (H200 host Xeon, torch 2.11), but
+    no VNNI-only CPU has run it since, so M = 1 keeps the form that was right there.
+    """
+    m1 = not (is_static(rec.m) and int(rec.m) >= 2)
+    return m1 and cpu_int8_isa() == "vnni" and int_mm_takes_uint8()
+
+
+
+def _supports_cpu_s8s8(rec: QuantLinear) -> str | None:
+    why = int8_operands(rec)
+    if why:
+        return why
+    if u8s8_at_m1(rec):
+        return "an M that can be 1 takes u8s8 on VNNI CPUs without AMX (u8s8_at_m1)"
+    return None
+
+
+
+def weight_is_frozen(rec: QuantLinear) -> bool:
+    """Whether Inductor's freezing will turn the weight into a constant (so ops on it fold at compile time).
+
+    qlower's pass runs before freezing: the weight is still a placeholder. It becomes a constant when freezing
+    is on for this inference compile and Dynamo lifted it as a parameter (AOTAutograd puts parameters first:
+    `TracingContext.params_flat`). `options={"freezing": True}` alone does not freeze nn.Module parameters
+    (Dynamo reads the global config): then params_flat is empty and this says False.
+    """
+    from torch._inductor import config
+
+    if not config.freezing or torch.is_grad_enabled():
+        return False
+    node = rec.weight
+    if node.op == "get_attr":
+        return True
+    ctx = torch._guards.TracingContext.try_get()
+    params = getattr(ctx, "params_flat", None) if ctx is not None else None
+    if node.op != "placeholder" or not params:
+        return False
+    placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+    return placeholders.index(node) < len(params)
+
+
+
+def weight_is_stored(rec: QuantLinear) -> bool:
+    """Whether the weight node is itself a graph input or attribute: Inductor then passes the caller's own
+    tensor to the op on every call, with its version counter, so a run-time cache can hit and can see
+    in-place writes. A view of one (slice, transpose) reaches the op as `reinterpret_tensor`, a new tensor
+    each call that shares the storage but not the version counter; a computed weight is new every call."""
+    return isinstance(rec.weight, fx.Node) and rec.weight.op in ("placeholder", "get_attr")
+
+
+
+def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
+    """What both u8 qlinear lowerings need: int8 symmetric operands, a VNNI CPU without AMX, oneDNN, M >= 2."""
+    why = int8_operands(rec)
+    if why:
+        return why
+    isa = cpu_int8_isa()
+    if isa != "vnni":
+        return f"u8 qlinear measured on VNNI CPUs without AMX only (this CPU: {isa})"
+    if not torch.backends.mkldnn.is_available():
+        return "oneDNN is not available"
+    aq = rec.act_quant
+    assert aq is not None
+    if aq.details.get("zero_point") is not None or aq.details.get("weight_zero_point") is not None:
+        return "zero points (the _int_mm lowerings compensate them)"
+    if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
+        return f"M={int(rec.m)} < {CPU_U8_MIN_M}: the _int_mm GEMV path is faster"
+    return None
+
+
+
+def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
+    why = _qlinear_u8_rules(rec)
+    if why:
+        return why
+    if not weight_is_frozen(rec):
+        return "the weight is not a constant (needs freezing): a prepacked weight must fold at compile time"
+    return None
+
+
+
+def _supports_cpu_qlinear_cached(rec: QuantLinear) -> str | None:
+    why = _qlinear_u8_rules(rec)
+    if why:
+        return why
+    if not cpu_prepack.enabled():
+        return f"the run-time prepack cache is off ({cpu_prepack.ENV_SWITCH}=0)"
+    if V.aot_compilation:
+        return "AOTInductor: the package has no Python run time for the cache (the C shims cover _int_mm)"
+    if not weight_is_stored(rec):
+        return "the weight is a view or computed in the graph (a new tensor every call: a cache cannot hit)"
+    if not (is_static(rec.k) and is_static(rec.n)) or rec.k * rec.n < CPU_CACHED_MIN_WEIGHT:
+        return f"K*N={rec.k}*{rec.n} < 2^22: the cached qlinear's fixed cost outweighs the re-pack it saves"
+    return None
+
+
+
+def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
+    why = int8_operands(rec)
+    if why:
+        return why
+    isa = cpu_int8_isa()
+    if isa != "vnni":
+        return f"u8s8 only pays on VNNI CPUs without AMX (this CPU: {isa})"
+    if not int_mm_takes_uint8():
+        return f"torch {torch.__version__}'s CPU _int_mm takes int8 activations only"
+    if u8s8_at_m1(rec):
+        return None
+    if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
+        return f"M={int(rec.m)} < {CPU_U8_MIN_M}: s8s8 takes a GEMV path as fast, without column sums"
+    if rec.k < CPU_U8_MIN_K:
+        return f"K={rec.k} < {CPU_U8_MIN_K}: s8s8 measured faster (its weight re-pack only hurts at large K)"
+    return None
+
+
+
+DYNAMIC_INT8_QLINEAR_CPU = Lowering(
+    name="onednn.qlinear_pointwise.u8",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_qlinear,
+    emit=emit_qlinear_u8,
+    doc="oneDNN u8s8 qlinear on a weight prepacked at compile time (freezing), per-token scale in the epilogue",
+)
+
+
+
+DYNAMIC_INT8_QLINEAR_CACHED_CPU = Lowering(
+    name="qlower.qlinear_u8_cached",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_qlinear_cached,
+    emit=emit_qlinear_u8_cached,
+    doc="oneDNN u8s8 qlinear on a weight packed at the first call and cached while unchanged (no freezing)",
+)
+
+
+
+DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
+    name="aten._int_mm.u8s8",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_u8s8,
+    emit=make_emit_int_mm_u8(),
+    doc="oneDNN u8s8 GEMM (VNNI without AMX): shifted activation, column-sum compensation in the rescale",
+)
+
+
+
+DYNAMIC_INT8_INT_MM_CPU = Lowering(
+    name="aten._int_mm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_cpu_s8s8,
+    emit=emit_int_mm,
+    doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
+)
+
+
+
+def register() -> None:
+    register_backend(
+        "cpu",
+        [
+            WOQ_INT8_PACKED_CPU,
+            WOQ_INT8_PACKED_BY_M_CPU,
+            WOQ_INT8_SCRATCH_MM_CPU,
+            WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_QLINEAR_CPU,
+            DYNAMIC_INT8_QLINEAR_CACHED_CPU,
+            DYNAMIC_INT8_INT_MM_U8_CPU,
+            DYNAMIC_INT8_INT_MM_CPU,
+            DYNAMIC_INT8_EMULATED,
+            MX_EMULATED,
+        ],
+        describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
+        replace=True,
+        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH),  # read by cpu_int8_isa, the prepack cache rule
+    )

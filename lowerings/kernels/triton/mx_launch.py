@@ -1,0 +1,126 @@
+"""Launchers of the MX decode kernels (`mx_decode`'s and `mx_hfma`'s): which kernel runs a `DecodeConfig`, and
+its grid. A module of its own so that the kernels' modules import each other in one direction only."""
+
+# ruff: noqa: UP045
+
+from typing import Any, Optional
+
+import torch
+
+from qlower.lowerings.kernels.triton import interpreted
+from qlower.lowerings.kernels.triton.launch_args import cdiv
+from qlower.lowerings.kernels.triton.mx_decode import (
+    DecodeConfig,
+    as_words,
+    effective_decode,
+    elems_per_word,
+    fmt_consts,
+    mx_decode_gemv_kernel,
+    mx_decode_mm_kernel,
+    mx_splitk_reduce_kernel,
+)
+from qlower.lowerings.kernels.triton.mx_hfma import mx_hfma_gemv_kernel
+
+
+def launch_decode(
+    cfg: DecodeConfig,
+    x: torch.Tensor,
+    w_words: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    w_fmt: int,
+    w_swizzled: bool = False,
+    gate: Any = 1,
+    direct: bool = False,
+    rows: Any = None,
+) -> None:
+    """Launch cfg writing out [M, N]. `direct` calls the kernels without wrap_triton (eager timing).
+
+    Under a triton_op `direct` must be False (the launches go through wrap_triton); `gate` scales the grid
+    as in mx_ops.launch, so a symbolic M can pick between configs without a guard. `rows` (default M) is
+    the M the launch covers: a gated launch that only runs when M == 1 passes rows=1, so its grid and
+    split-K scratch are static (a symbolic M would size the scratch by M even when gated off).
+    """
+    from torch.library import wrap_triton
+
+    def k(fn: Any) -> Any:
+        return fn if direct else wrap_triton(fn)
+
+    m, n = out.shape
+    m = m if rows is None else rows
+    kw = w_words.shape[1]
+    if cfg.block_kw % (32 // elems_per_word(w_fmt)):
+        raise ValueError(f"block_kw={cfg.block_kw} is not a whole number of 32-element blocks")
+    k_elems = kw * elems_per_word(w_fmt)
+    if w_swizzled:
+        s_t, s_sn, s_sk, s_pad = w_scale.reshape(-1), 0, 0, (k_elems // 32 + 3) // 4 * 4
+    else:
+        s_t, s_sn, s_sk, s_pad = w_scale, w_scale.stride(0), w_scale.stride(1), 0
+    b = bias if bias is not None else s_t
+    _, _, dsh, xsh = fmt_consts(w_fmt, cfg.decode)
+    if cfg.kernel == "mm" and x.dtype == torch.float16:
+        xsh = 0  # an fp16 dot cannot hold x * 2**XSH; the weights then carry the whole 2**DSH
+    x_mul, s_mul = 2.0**xsh, 2.0 ** (dsh - xsh)
+    common = dict(
+        W_FMT=w_fmt, SWIZZLED=w_swizzled, DECODE=effective_decode(w_fmt, cfg.decode), HAS_BIAS=bias is not None, EVICT=cfg.evict,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if cfg.kernel == "mm":
+        grid = (cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n))
+        k(mx_decode_mm_kernel)[grid](
+            x, w_words, s_t, b, out, m, n, kw, x_mul, s_mul,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad,
+            out.stride(0), out.stride(1),
+            EVEN_K=kw % cfg.block_kw == 0, DOT_BF16=x.dtype != torch.float16, X_PRESCALE=xsh != 0, **common,
+        )  # fmt: skip
+        return
+    split = cfg.split_k
+    kw_split = cdiv(cdiv(kw, split), cfg.block_kw) * cfg.block_kw
+    even = kw % cfg.block_kw == 0 and kw_split * split == kw
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=out.device)
+    p_strides = (0, out.stride(0), out.stride(1)) if split == 1 else part.stride()
+    common.update(EVEN_K=even, PREFETCH=cfg.prefetch, HAS_BIAS=bias is not None and split == 1)
+    if cfg.kernel == "hfma":
+
+        common.pop("DECODE")
+        k(mx_hfma_gemv_kernel)[(cdiv(n, cfg.block_n), cdiv(m, cfg.block_m) * gate, split)](
+            x, w_words, s_t, b, part, m, n, kw, kw_split,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, *p_strides,
+            USE_ASM=not interpreted(), **common,
+        )  # fmt: skip
+    else:
+        k(mx_decode_gemv_kernel)[(cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)](
+            x, w_words, s_t, b, part, m, n, kw, kw_split, x_mul, s_mul,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, *p_strides,
+            X_PRESCALE=xsh != 0, **common,
+        )  # fmt: skip
+    if split == 1:
+        return
+    rblock = 1024
+    k(mx_splitk_reduce_kernel)[(cdiv(n, rblock), m * gate)](
+        part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, BLOCK=rblock, num_warps=4,
+    )  # fmt: skip
+
+
+
+def mx_decode_linear(
+    cfg: DecodeConfig,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    w_fmt: int,
+    w_swizzled: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
+    direct: bool = True,
+) -> torch.Tensor:
+    """Eager entry (experiments, tests): uint8 weight [N, K/2 or K] -> out [M, N]."""
+    words = as_words(w)
+    if words is None:
+        raise ValueError("weight cannot be viewed as int32 words (needs contiguous rows, 4-byte aligned)")
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=w.device)
+    launch_decode(cfg, x, words, w_scale, bias, out, w_fmt, w_swizzled, direct=direct)
+    return out

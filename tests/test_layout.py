@@ -1,0 +1,109 @@
+"""The house rules of the layout (README "Layout"), checked on the sources: which room may import which, and no
+import cycles among module-level imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOMS = {"qlower": "qlower", "passes": "qlower.passes", "patterns": "qlower.patterns", "lowerings": "qlower.lowerings"}
+PATTERNS_FOR_LOWERINGS = {"qlower.patterns.record", "qlower.patterns.graph_utils", "qlower.patterns.mx_format"}
+FACE_OK = {"qlower.lowerings", "qlower.passes", "qlower.patterns"}  # what the face's siblings may import of qlower
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, pkg in ROOMS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [*pkg.split("."), *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    """qlower modules `path` imports (`from a.b import c` counts a.b and a.b.c)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))  # lazy imports count for layering
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m == "qlower" or m.startswith("qlower.")}
+
+
+def test_patterns_import_nothing_of_qlower_outside_patterns():
+    bad = {
+        name: sorted(m for m in _imports(p, False) if not m.startswith("qlower.patterns"))
+        for name, p in _modules().items()
+        if name.startswith("qlower.patterns")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_lowerings_take_only_the_record_fx_helpers_and_formats_from_patterns():
+    mods = _modules()
+    bad = {}
+    for name, p in mods.items():
+        if name.startswith("qlower.lowerings"):
+            used = {m for m in _imports(p, False) if m.startswith("qlower.patterns")}
+            extra = {
+                m
+                for m in used
+                if m != "qlower.patterns" and not any(m == a or m.startswith(a + ".") for a in PATTERNS_FOR_LOWERINGS)
+            }
+            extra |= {m for m in used if m == "qlower.patterns" and not _only_submodules(p)}
+            if extra:
+                bad[name] = sorted(extra)
+    assert not bad
+
+
+def _only_submodules(path: Path) -> bool:
+    """`from qlower.patterns import X` where every X is an allowed submodule."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "qlower.patterns":
+            if any(f"qlower.patterns.{a.name}" not in PATTERNS_FOR_LOWERINGS for a in node.names):
+                return False
+    return True
+
+
+def test_nothing_inside_imports_the_face():
+    """passes/, patterns/, lowerings/ never import the root package or qlower/'s face modules."""
+    mods = _modules()
+    face = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
+    bad = {
+        name: sorted(m for m in _imports(p, False) if m in face)
+        for name, p in mods.items()
+        if not p.is_relative_to(ROOT / "qlower")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_no_import_cycles():
+    """Lazy (function-level) imports count: a cycle through one is still two modules that need each other."""
+    mods = _modules()
+    graph = {n: {m for m in _imports(p, False) if m in mods and m != n} for n, p in mods.items()}
+    # a package's own __init__ importing its submodules is not a cycle through them
+    for n in graph:
+        graph[n] = {m for m in graph[n] if not n.startswith(m + ".")}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(n: str, stack: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                cycles.append(stack[stack.index(m):] + [m] if m in stack else [n, m])
+            elif m not in state:
+                visit(m, [*stack, m])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert not cycles, cycles
