@@ -4,17 +4,25 @@
 graph the pass receives, before any rewrite, to DIR/graph_<pid>_<n>.txt (one line per node with its dtype and
 shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
 One report per compile whose Inductor config carries qlower's pass (`note_compile`, `start_graph`).
+
+A row names the module its linear came from (`module`: the innermost entry of the `nn_module_stack` Dynamo
+keeps in each node's meta, as a qualified name such as `layers.3.mlp.down_proj`), prints a symbolic M as its
+range (`2..inf`), and shows one short reason; `Report.table(full=True)` and `Report.explain(i)` give the whole
+text (tests/test_face.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import re
 import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 
 log = logging.getLogger("qlower")
@@ -40,10 +48,19 @@ def _node_line(node: Any) -> str:
 
 
 _dump_count = iter(range(1 << 62))
+# The graph the pass is lowering in this thread as `dump_graph` saw it before any rewrite: its nodes by name
+# (weakly: a decision's nodes, erased by its rewrite, stay alive while the pass holds the record, which is when
+# `add` runs), each node's input names and the names of the matmuls. Reset by `start_graph`.
+_local = threading.local()
 
 
 def dump_graph(graph: Any) -> None:
-    """Write `graph` to $QLOWER_DUMP_GRAPHS/graph_<pid>_<n>.txt when that variable is set."""
+    """The pass hands every graph it receives here, before any rewrite: note its nodes, so that `add` can name
+    each decision's source module (its node may be erased by the rewrite before the decision is made), and
+    write `graph` to $QLOWER_DUMP_GRAPHS/graph_<pid>_<n>.txt when that variable is set."""
+    _local.nodes = weakref.WeakValueDictionary((n.name, n) for n in graph.nodes)
+    _local.inputs = {n.name: tuple(a.name for a in n.all_input_nodes) for n in graph.nodes}
+    _local.matmuls = {n.name for n in graph.nodes if n.target in _MATMULS}
     out_dir = os.environ.get("QLOWER_DUMP_GRAPHS", "")
     if not out_dir:
         return
@@ -66,10 +83,141 @@ class Decision:
     kind: str | None = None  # the chosen lowering's KernelPreference kind
     form: str = ""  # the graph form the pattern matched
     node: str = ""  # name of the replaced node in the graph
+    module: str = ""  # qualified name of the source module (`module_of`); "" when the graph did not say
 
     @property
     def lowered(self) -> bool:
         return self.lowering is not None
+
+    @property
+    def shape_text(self) -> str:
+        """M, K, N with a symbolic size printed as its range (`2..inf, 4096, 4096`)."""
+        return ", ".join(dim_text(s) for s in self.shape)
+
+    @property
+    def short_reason(self) -> str:
+        return short_reason(self.reason)
+
+
+# The root of a Dynamo source (`L['self']`, `L['fn']`, `G['model']`, `L['args'][0]` when a module is called
+# through a wrapper, as transformers' models are) and the spellings of a child inside one.
+_SOURCE_ROOT = re.compile(r"^[A-Z]\[['\"][^'\"]*['\"]\](?:\[\d+\])*")
+_CHILD_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^'\"\]]*)['\"]?\]")
+_GETATTR = re.compile(r"getattr\((.*), ['\"]([^'\"]*)['\"]\)")
+
+
+def _qualified_name(path: str) -> str:
+    """Dynamo's source of a module (`L['self'].layers[3].mlp`, `L['self']._modules['layers']._modules['3']`)
+    as `named_modules()` spells it (`layers.3.mlp`); the root module itself is ""."""
+    while (m := _GETATTR.search(path)) is not None:
+        path = path[: m.start()] + f"{m.group(1)}.{m.group(2)}" + path[m.end() :]
+    path = _SOURCE_ROOT.sub("", path)
+    path = _CHILD_ITEM.sub(lambda m: "." + m.group(1), path)
+    return path.strip(".")
+
+
+def _own_module(node: Any) -> str | None:
+    meta = getattr(node, "meta", None) or {}
+    # A backward node carries the stack of the forward node it differentiates.
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    name = _qualified_name(str(path))
+    if name:
+        return name
+    cls_name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+    return f"<{cls_name}>"  # the compiled module itself
+
+
+def module_of(node: Any) -> str:
+    """The innermost module a graph node was traced in, as a qualified name (`layers.3.mlp.down_proj`;
+    `<ClassName>` when the stack names only the compiled root), from its `nn_module_stack`; "" if it has none
+    (a node emitted after the trace, or one traced in the compiled module's own forward)."""
+    return _own_module(node) or ""
+
+
+_aten = torch.ops.aten
+# The products a record's matmul is traced as: its module is the linear's (the output may be a view of the
+# parent's code, e.g. an attention's head split of q_proj's result).
+_MATMULS = frozenset(
+    (
+        _aten.mm.default,
+        _aten.addmm.default,
+        _aten.bmm.default,
+        _aten._int_mm.default,
+        _aten._scaled_mm.default,
+    )
+)
+MATMUL_HOPS = 8  # how far up from a decision's node `add` looks for its matmul
+
+
+def _decision_module(name: str) -> str:
+    """The module of the matmul nearest above node `name` of the graph `dump_graph` noted, else of the node."""
+    nodes = getattr(_local, "nodes", None)
+    if not nodes or name not in nodes:
+        return ""
+    inputs, matmuls = _local.inputs, _local.matmuls
+    frontier, seen = [name], {name}
+    for _ in range(MATMUL_HOPS + 1):
+        for n in frontier:
+            if n in matmuls and (node := nodes.get(n)) is not None and (module := module_of(node)):
+                return module
+        frontier = [a for n in frontier for a in inputs.get(n, ()) if a not in seen]
+        seen.update(frontier)
+        if not frontier:
+            break
+    node = nodes.get(name)
+    return module_of(node) if node is not None else ""
+
+
+def _bounds(value: Any) -> tuple[str, str] | None:
+    node = getattr(value, "node", None)
+    shape_env = getattr(node, "shape_env", None)
+    if shape_env is None:
+        return None
+    try:
+        from torch.utils._sympy.value_ranges import bound_sympy
+
+        vr = bound_sympy(node.expr, shape_env.var_to_range)
+        return _bound_text(vr.lower), _bound_text(vr.upper)
+    except Exception:  # a report must never fail a compile: an expression it cannot bound prints as it is
+        return None
+
+
+def _bound_text(b: Any) -> str:
+    if getattr(b, "is_Integer", False) or isinstance(b, int):
+        return str(int(b))
+    from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
+
+    if isinstance(b, IntInfinity) or b == sympy.oo:  # torch's int_oo says is_finite, sympy's oo does not
+        return "inf"
+    if isinstance(b, NegativeIntInfinity) or b == -sympy.oo:
+        return "-inf"
+    return str(b)
+
+
+def dim_text(value: Any) -> str:
+    """A size of a report row: an int as itself, a symbolic size as the range its ShapeEnv allows (`2..inf`;
+    one number when the range is a point), else as its expression (`s81`)."""
+    if isinstance(value, torch.SymInt):
+        bounds = _bounds(value)
+        if bounds is not None:
+            lo, hi = bounds
+            return lo if lo == hi else f"{lo}..{hi}"
+    return str(value)
+
+
+REASON_WIDTH = 80
+
+
+def short_reason(reason: str | None, width: int = REASON_WIDTH) -> str:
+    """The first clause of a reason (clauses are separated by "; "), marked when more follow, cut to `width`."""
+    if not reason:
+        return ""
+    first, sep, _ = reason.partition("; ")
+    text = first + (" (+more)" if sep else "")
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
 @dataclass
@@ -96,19 +244,23 @@ class Report:
     def left_alone(self) -> list[Decision]:
         return [d for d in self.entries if not d.lowered]
 
-    def table(self) -> str:
-        head = ("family", "device", "M, K, N", "dtype", "lowering", "form", "reason")
+    def table(self, full: bool = False) -> str:
+        """One row per decision; the reason column shows each reason's first clause, cut to REASON_WIDTH
+        characters, unless `full` (`explain(i)` gives every field of row i)."""
+        head = ("#", "module", "family", "device", "M, K, N", "dtype", "lowering", "form", "reason")
         rows = [
             (
+                str(i),
+                d.module or "-",
                 d.family,
                 d.device,
-                ", ".join(str(s) for s in d.shape),
+                d.shape_text,
                 d.dtype.replace("torch.", ""),
                 d.lowering or "-- left alone --",
                 d.form,
-                d.reason or "",
+                (d.reason or "") if full else d.short_reason,
             )
-            for d in self.entries
+            for i, d in enumerate(self.entries)
         ]
         if not self.pass_ran:
             return (
@@ -123,12 +275,37 @@ class Report:
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        shortened = not full and any(d.short_reason != (d.reason or "") for d in self.entries)
         return (
             f"qlower report (compile {self.compile_id}): {len(self.lowered)}/{len(self)} lowered\n"
             + "\n".join(lines)
+            + (
+                "\n(reasons shortened: report.explain(#) or report.table(full=True) for the whole text)"
+                if shortened
+                else ""
+            )
         )
 
-    __str__ = table
+    def explain(self, row: int | Decision) -> str:
+        """Every field of one decision (a row number of `table()` or the Decision), the reason in full."""
+        d = self.entries[row] if isinstance(row, int) else row
+        m = d.shape[0] if d.shape else None
+        shape = d.shape_text + (f" (M = {m})" if isinstance(m, torch.SymInt) else "")
+        lines = [
+            f"module:   {d.module or '- (the graph did not say)'}",
+            f"family:   {d.family} on {d.device}, {d.dtype.replace('torch.', '')}, form {d.form or '-'}",
+            f"M, K, N:  {shape}",
+            f"node:     {d.node or '-'}",
+            f"lowering: {d.lowering or '-- left alone --'}" + (f" (kind {d.kind})" if d.kind else ""),
+        ]
+        clauses = (d.reason or "").split("; ")
+        label = "left alone because" if not d.lowered else "passed over"
+        lines.append(f"{label}:" + ("" if d.reason else " -"))
+        lines += [f"  - {c}" for c in clauses if c]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
 
 
 _lock = threading.Lock()
@@ -180,28 +357,34 @@ def start_graph() -> Report:
             if context is not None:
                 _by_context[context] = report
         report.pass_ran = True
+        _local.nodes = None  # until `dump_graph` notes the new graph's nodes
         return report
 
 
 def add(report: Report, decision: Decision) -> None:
+    if not decision.module and decision.node and (module := _decision_module(decision.node)):
+        decision = dataclasses.replace(decision, module=module)
     with _lock:
         report.entries.append(decision)
+    where = f" [{decision.module}]" if decision.module else ""
     if decision.lowered:
         log.info(
-            "%s %s M,K,N=%s %s -> %s%s",
+            "%s%s %s M,K,N=%s %s -> %s%s",
             decision.family,
+            where,
             decision.device,
-            decision.shape,
+            decision.shape_text,
             decision.dtype,
             decision.lowering,
             f" ({decision.reason})" if decision.reason else "",
         )
     else:
         log.info(
-            "%s %s M,K,N=%s %s left alone: %s",
+            "%s%s %s M,K,N=%s %s left alone: %s",
             decision.family,
+            where,
             decision.device,
-            decision.shape,
+            decision.shape_text,
             decision.dtype,
             decision.reason,
         )

@@ -3,10 +3,13 @@
 Shows in under two minutes on a 2-core CPU what qlower does to a real model's linears: the report of every
 decision, the error against the eager quantized model (and a float64 reference), and the speed against stock
 `torch.compile` and the unquantized bf16 model. No RoPE and no KV cache: the point is the seven linears.
+Then one small MX (fp8 e4m3 elements, e8m0 scales per 32) weight-only linear goes through qlower on the same
+device: its report row and its error against eager (`run_mx`).
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import statistics
 import time
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qlower
+from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS
 
 
@@ -226,6 +230,74 @@ def run(
     return results
 
 
+class MXWeightOnlyLinear(nn.Module):
+    """y = x @ dequant(q, e).T with MX weights: `elem` elements and one e8m0 scale code per 32 along K, the
+    dequantization written in plain torch ops (`mx_format.dequantize`), as a user's model spells it."""
+
+    def __init__(self, k: int, n: int, device: str, elem: str = "e4m3", seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        q, e = mx_format.quantize(torch.randn(n, k, generator=g) * k**-0.5, elem)
+        self.register_buffer("q", q.to(device))
+        self.register_buffer("e", e.to(device))
+        self.elem = elem
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, mx_format.dequantize(self.q, self.e, self.elem, x.dtype))
+
+
+@dataclass
+class MXResult:
+    report: qlower.Report
+    err_vs_eager: float  # max |qlower - eager|
+    ref_max: float  # max |eager|, the scale of the error
+
+    @property
+    def lowered(self) -> bool:
+        return len(self.report) == 1 and len(self.report.lowered) == 1
+
+
+MX_SHAPE = (4, 256, 256)  # (M, K, N) of the demo's MX linear: a few seconds of compile on a 2-core CPU
+
+
+def run_mx(device: str, m: int = MX_SHAPE[0], k: int = MX_SHAPE[1], n: int = MX_SHAPE[2]) -> MXResult:
+    """One MX weight-only linear [M, K] x [N, K] (as child `proj` of the compiled module, so its report row
+    names it) compiled with qlower's `mx` family on `device`."""
+    model = nn.Sequential(collections.OrderedDict(proj=MXWeightOnlyLinear(k, n, device))).eval()
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    fn = torch.compile(model, dynamic=False, options=qlower.inductor_options(families=("mx",)))
+    with (
+        torch.no_grad(),
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        y = fn(x)
+        report = qlower.last_report()
+        y_eager = model(x)
+    return MXResult(
+        report, (y.float() - y_eager.float()).abs().max().item(), y_eager.float().abs().max().item()
+    )
+
+
+def check_device(device: str) -> str:
+    """`device` if this torch can run on it; otherwise qlower.UnsupportedPlatformError (ValueError for a
+    string that names no device), which `python -m qlower` prints as one line."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r} names no torch device ({str(e).splitlines()[0]})") from None
+    module = getattr(torch, kind, None)
+    if kind != "cpu" and not (
+        module is not None and hasattr(module, "is_available") and module.is_available()
+    ):
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise qlower.UnsupportedPlatformError(
+            f"--device {device}: this torch ({torch.__version__}, {build}) sees no {kind} device; "
+            "run with --device cpu, or install a torch built for it"
+        )
+    return device
+
+
 def format_results(results: list[ShapeResult]) -> str:
     head = f"{'M':>5}  {'eager bf16':>11}  {'eager quant':>11}  {'stock compile':>13}  {'qlower':>9}  {'vs stock':>8}  {'vs bf16':>7}  {'max err vs eager':>16}"
     lines = [head, "-" * len(head)]
@@ -250,9 +322,12 @@ def main(
     hidden: int,
     intermediate: int,
     threads: int | None = None,
+    *,
+    mx: bool = True,
 ) -> int:
-    """The CLI body: prints reports and the comparison; returns 1 if any linear was left unlowered."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    """The CLI body: prints reports and the comparison, then (`mx`) the MX linear's report; returns 1 if any
+    linear was left unlowered."""
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if threads:
         torch.set_num_threads(threads)
     cfg = BlockConfig(hidden=hidden, intermediate=intermediate)
@@ -279,6 +354,16 @@ def main(
         "\nmedian time per forward (vs stock = stock compile / qlower; vs bf16 = eager unquantized / qlower)"
     )
     print(format_results(results))
+    if mx:
+        r_mx = run_mx(device)
+        print(
+            f"\n--- MX weight-only linear (e4m3 elements, e8m0 scales), M, K, N = {', '.join(map(str, MX_SHAPE))} ---"
+        )
+        print(r_mx.report.table())
+        print(f"max abs error: qlower vs eager {r_mx.err_vs_eager:.3g} (max |y| {r_mx.ref_max:.3g})")
+        if not r_mx.lowered:
+            ok = False
+            print("ERROR: the MX linear was not lowered")
     print(
         f"\ndone in {time.perf_counter() - start:.0f} s: {'every linear lowered' if ok else 'NOT every linear lowered'}"
     )

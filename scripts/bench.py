@@ -1,10 +1,13 @@
 """Benchmark one quantized-linear family side by side: bf16 F.linear, stock torch.compile, baselines, qlower.
 
-    python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out benchmarks/]
+    python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out DIR]
 
 Writes <out>/<family>_<device>.md (the table), .json (every measurement) and .png (speedup vs M; needs
-matplotlib: `pip install -e .[bench]`); `--replot <json>` rewrites the .md and .png of an earlier run. Exits 1 if qlower left a candidate unlowered or a variant's output is
-not close to the eager quantized model.
+matplotlib, which the `test` and `bench` extras install: `pip install -e '.[test]'`; without it the plot is
+skipped with one warning line). <out> is `bench-out/` in the current folder unless `--out` says otherwise: the
+committed tables are refreshed on purpose, with `--out benchmarks`. `--replot <json>` rewrites the .md and .png
+of an earlier run. Progress: one bar with an ETA on stderr when stderr is a terminal, else one line per shape.
+Exits 1 if qlower left a candidate unlowered or a variant's output is not close to the eager quantized model.
 
 Family modules: `scripts/bench_<family>.py` (next to this file) define
     FAMILY: str                        a key of qlower.FAMILIES (qlower is compiled with only this family)
@@ -36,6 +39,7 @@ import importlib
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,31 +112,77 @@ def grid(
     return {kn: list(ms) for kn in kns}
 
 
-class _PlainProgress:
-    """Stand-in for tqdm: one line per step."""
+DEFAULT_OUT = "bench-out"  # scratch folder under the cwd; `--out benchmarks` refreshes the committed tables
 
-    def __init__(self, total: int, desc: str) -> None:
-        self.total, self.done, self.desc, self.text = total, 0, desc, ""
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class Progress:
+    """Progress over the shapes of a run, with the elapsed time and an ETA (mean time per finished shape).
+
+    On a terminal (`tty`): one bar redrawn in place with `\\r`, cut to the terminal's width, the current step
+    after it. Otherwise (logs, CI, a pipe): one whole line per finished shape. `set_postfix_str` names the
+    current step; `update` counts finished shapes."""
+
+    def __init__(
+        self, total: int, desc: str, stream: Any = None, tty: bool | None = None, width: int = 24
+    ) -> None:
+        self.total, self.done, self.desc, self.text, self.width = total, 0, desc, "", width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.start = time.perf_counter()
+        self._drawn = 0.0
+
+    def eta(self) -> float | None:
+        """Seconds left at the mean time of the finished shapes; None before the first."""
+        if not self.done:
+            return None
+        return (time.perf_counter() - self.start) / self.done * (self.total - self.done)
+
+    def line(self) -> str:
+        eta = self.eta()
+        times = f"{_fmt_duration(time.perf_counter() - self.start)} elapsed, ETA " + (
+            _fmt_duration(eta) if eta is not None else "--"
+        )
+        if not self.tty:
+            return f"{self.desc} [{self.done}/{self.total}] {self.text} · {times}"
+        filled = self.width * self.done // max(self.total, 1)
+        bar = "#" * filled + "." * (self.width - filled)
+        pct = 100 * self.done // max(self.total, 1)
+        return f"{self.desc} [{bar}] {self.done}/{self.total} {pct:3d}% {times} · {self.text}"
+
+    def _draw(self) -> None:
+        cols = shutil.get_terminal_size((100, 20)).columns - 1
+        self.stream.write("\r" + self.line()[:cols].ljust(cols))
+        self.stream.flush()
+        self._drawn = time.perf_counter()
 
     def set_postfix_str(self, text: str) -> None:
         self.text = text
+        if self.tty and time.perf_counter() - self._drawn > 0.1:
+            self._draw()
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        print(f"{self.desc} [{self.done}/{self.total}] {self.text}", file=sys.stderr, flush=True)
+        if self.tty:
+            self._draw()
+        else:
+            print(self.line(), file=self.stream, flush=True)
 
     def close(self) -> None:
-        pass
+        if self.tty:
+            self._draw()
+            self.stream.write("\n")
+            self.stream.flush()
 
 
-def progress(total: int, desc: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _PlainProgress(total, desc)
-    if not sys.stderr.isatty():  # logs and CI: whole lines, not carriage returns
-        return _PlainProgress(total, desc)
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
+def progress(total: int, desc: str) -> Progress:
+    return Progress(total, desc)
 
 
 def compiled(fn: Callable, mode: str | None, family: str) -> Callable:
@@ -269,12 +319,12 @@ def run_kn(
             for name, fn in fns.items():
                 bar.set_postfix_str(f"M={m} K={k} N={n} {name} (round {r + 1}/{ROUNDS})")
                 samples[name] += timer(lambda i, fn=fn, x=x: fn(x, sets[i % rotate]), budget_s / ROUNDS)
-                if r == ROUNDS - 1:
-                    bar.update(1)
         for name, res in row.items():
             res.seconds = statistics.median(samples[name])
             res.min_seconds = min(samples[name])
             results.append(res)
+        bar.set_postfix_str(f"M={m} K={k} N={n} done")
+        bar.update(1)
     return results, failures
 
 
@@ -290,7 +340,7 @@ def run(
     results so far after each (K, N), so a run cut short (a time limit) still leaves its finished tables."""
     results: list[Result] = []
     failures: list[str] = []
-    bar = progress(sum(len(ms) for ms in plan.values()) * len(mod.VARIANTS), f"bench {mod.FAMILY} {device}")
+    bar = progress(sum(len(ms) for ms in plan.values()), f"bench {mod.FAMILY} {device}")
     for (k, n), ms in plan.items():
         res, fail = run_kn(mod, device, k, n, ms, rotate, budget_s, bar)
         results += res
@@ -357,7 +407,10 @@ def plot(results: list[Result], title: str, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
         import matplotlib.ticker
     except ImportError:
-        print("bench: matplotlib not installed (pip install -e .[bench]): skipping the plot", file=sys.stderr)
+        print(
+            "bench: matplotlib is not installed (pip install -e '.[test]'): skipping the plot",
+            file=sys.stderr,
+        )
         return None
     bf16 = {(r.m, r.k, r.n): r.seconds for r in results if r.variant == "bf16"}
     kns = sorted({(r.k, r.n) for r in results})
@@ -408,7 +461,11 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--quick", action="store_true", help="the family's small grid and shorter timing")
     p.add_argument("--shapes", help="explicit MxKxN list, e.g. 1x64x64,16x64x64 (overrides the grid)")
-    p.add_argument("--out", default="benchmarks", help="folder for the .md, .json and .png")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"folder for the .md, .json and .png (default: ./{DEFAULT_OUT}; the committed tables: benchmarks)",
+    )
     p.add_argument(
         "--rotate", type=int, default=None, help="weight sets cycled through (default: cuda 8, cpu 4)"
     )
