@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qlower.lowerings.devices.cuda import CUDA_KN_MULTIPLE, CUDA_MIN_M
+from qlower.patterns import mx_format  # noqa: F401  (public: MX quantize / dequantize, for benchmarks and users)
 
 
 def quantize_per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

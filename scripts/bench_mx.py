@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from qlower.patterns import mx_format as fmt
+from qlower.quantize import mx_format as fmt
 
 FAMILY = "mx"
 DTYPE = torch.bfloat16
@@ -86,7 +86,7 @@ SWEEP_SHAPES = {  # case -> (M, K, N): the issue's targets
 
 
 def sweep_configs(case: str) -> list:
-    from qlower.lowerings.kernels.triton.mx_ops import MXConfig
+    from qlower.tuning import MXConfig
 
     if case == "mxfp8_dynamic":
         tiles = [
@@ -132,16 +132,18 @@ _DEFAULT_NAME = {
 
 def apply_best() -> None:
     """Make the sweep's winners the configs `mx_ops.pick_config` returns (for an --e2e run right after)."""
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower import tuning
 
     for case, cfg in BEST.items():
-        setattr(mx_ops, _DEFAULT_NAME[case], cfg)
+        tuning.set_mx_default(_DEFAULT_NAME[case], cfg)
         print(f"bench_mx: {case}: mx_ops.{_DEFAULT_NAME[case]} = {cfg}", flush=True)
 
 
 def sweep(out_dir: Path | None, rotate: int = 8) -> str:
 
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, launch_config, pick_config
+    from qlower.tuning import MX_ELEM_CODE as ELEM_CODE
+    from qlower.tuning import launch_mx_config as launch_config
+    from qlower.tuning import pick_mx_config as pick_config
 
     dev = DEVICE
     lines = ["| case | M, K→N | config | µs | vs bf16 | rel err |", "|---|---|---|---|---|---|"]

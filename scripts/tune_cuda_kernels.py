@@ -79,7 +79,7 @@ def dyn_ref(p: dict[str, Any], i: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------- sweep
 def woq_candidates(m: int, k: int, n: int) -> list[Any]:
-    from qlower.lowerings.kernels.triton.configs import gemv, mm
+    from qlower.tuning import gemv, mm
 
     if m <= 2:
         return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=0),
@@ -107,7 +107,7 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
 
 
 def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
-    from qlower.lowerings.kernels.triton.configs import mm
+    from qlower.tuning import mm
 
     if m <= 16:
         return [mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 512, 4, 4, swap=True), mm(16, 128, 256, 4, 4, swap=True),
@@ -128,11 +128,10 @@ def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
 
 
 def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: list[int]) -> None:
-    from qlower.lowerings.kernels.triton import configs
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower import tuning
 
     for family in families:
-        table = configs.WOQ_INT8_TABLE if family == "woq_int8" else configs.DYNAMIC_INT8_TABLE
+        table = tuning.WOQ_INT8_TABLE if family == "woq_int8" else tuning.DYNAMIC_INT8_TABLE
         for k, n in SHAPES_KN:
             for m in ms:
                 if time.time() > deadline:
@@ -144,7 +143,7 @@ def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: lis
                     ref, cands = dyn_ref(p), dyn_candidates(m, k, n)
                 else:
                     ref, cands = woq_ref(p), woq_candidates(m, k, n)
-                current = (configs.woq_int8_config if family == "woq_int8" else configs.dynamic_int8_config)(
+                current = (tuning.woq_int8_config if family == "woq_int8" else tuning.dynamic_int8_config)(
                     m, k, n
                 )
                 cands = [current] + [c for c in cands if c != current]
@@ -152,10 +151,10 @@ def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: lis
                 for cfg in cands:
                     try:
                         if family == "woq_int8":
-                            calls = [(lambda i=i, c=cfg, p=p: ops.launch_config(c, p["x"], p["w"][i], p["s"][i]))
+                            calls = [(lambda i=i, c=cfg, p=p: tuning.launch_int8_config(c, p["x"], p["w"][i], p["s"][i]))
                                      for i in range(N_WEIGHTS)]  # fmt: skip
                         else:
-                            calls = [(lambda i=i, c=cfg, p=p: ops.launch_config(c, p["xq"], p["w"][i], p["s"][i], p["xs"],
+                            calls = [(lambda i=i, c=cfg, p=p: tuning.launch_int8_config(c, p["xq"], p["w"][i], p["s"][i], p["xs"],
                                                                          out_dtype=torch.bfloat16))
                                      for i in range(N_WEIGHTS)]  # fmt: skip
                         err = rel_err(calls[0](), ref)
@@ -166,7 +165,7 @@ def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: lis
                     rows.append({"config": str(cfg), "us": us, "rel_err": err, "cfg": cfg})
                 best = min(rows, key=lambda r: r["us"])
                 if best["us"] < float("inf"):
-                    table[(configs.m_bucket(m), k, n)] = best["cfg"]
+                    table[(tuning.m_bucket(m), k, n)] = best["cfg"]
                 log(f"{family} M={m:5d} {k}->{n}: best {best['config']} {best['us']:.1f} us "
                     f"(err {best['rel_err']:.1e}); " + ", ".join(f"{r['us']:.1f}" for r in rows))  # fmt: skip
                 results.setdefault("sweep", []).append(

@@ -4,7 +4,7 @@ One package (woq-int8, dynamic batch: its wrapper calls `aoti_torch_cpu_woq_int8
 a private qlower cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
 then runs in a fresh process, in that folder, with `QLOWER_CACHE_DIR` pointing at a new empty directory:
 - with `import qlower` (its Python kernels serve the ops);
-- without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the README's recipe).
+- without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the recipe in docs/aoti.md).
 Both match eager at M = 1 (packed kernel) and M = 300 (dequant + GEMM). One AOTI compile on CPU; on CUDA
 (gpu) one per family, loaded with `import qlower`.
 """

@@ -7,9 +7,22 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = {"qlower": "qlower", "passes": "qlower.passes", "patterns": "qlower.patterns", "lowerings": "qlower.lowerings"}
-PATTERNS_FOR_LOWERINGS = {"qlower.patterns.record", "qlower.patterns.graph_utils", "qlower.patterns.mx_format"}
-FACE_OK = {"qlower.lowerings", "qlower.passes", "qlower.patterns"}  # what the face's siblings may import of qlower
+ROOMS = {
+    "qlower": "qlower",
+    "passes": "qlower.passes",
+    "patterns": "qlower.patterns",
+    "lowerings": "qlower.lowerings",
+}
+PATTERNS_FOR_LOWERINGS = {
+    "qlower.patterns.record",
+    "qlower.patterns.graph_utils",
+    "qlower.patterns.mx_format",
+}
+FACE_OK = {
+    "qlower.lowerings",
+    "qlower.passes",
+    "qlower.patterns",
+}  # what the face's siblings may import of qlower
 
 
 def _modules() -> dict[str, Path]:
@@ -55,7 +68,8 @@ def test_lowerings_take_only_the_record_fx_helpers_and_formats_from_patterns():
             extra = {
                 m
                 for m in used
-                if m != "qlower.patterns" and not any(m == a or m.startswith(a + ".") for a in PATTERNS_FOR_LOWERINGS)
+                if m != "qlower.patterns"
+                and not any(m == a or m.startswith(a + ".") for a in PATTERNS_FOR_LOWERINGS)
             }
             extra |= {m for m in used if m == "qlower.patterns" and not _only_submodules(p)}
             if extra:
@@ -98,7 +112,7 @@ def test_no_import_cycles():
         state[n] = 1
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                cycles.append(stack[stack.index(m):] + [m] if m in stack else [n, m])
+                cycles.append(stack[stack.index(m) :] + [m] if m in stack else [n, m])
             elif m not in state:
                 visit(m, [*stack, m])
         state[n] = 2
@@ -107,3 +121,21 @@ def test_no_import_cycles():
         if n not in state:
             visit(n, [n])
     assert not cycles, cycles
+
+
+def test_scripts_use_only_public_names():
+    """scripts/ import qlower's face (the root package and qlower/*.py modules), never a room's internals."""
+    mods = _modules()
+    face = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
+    bad = {}
+    for path in (ROOT / "scripts").glob("*.py"):
+        inner = sorted(m for m in _imports(path, False) if m not in face and not _is_face_attr(m, face))
+        if inner:
+            bad[path.name] = inner
+    assert not bad
+
+
+def _is_face_attr(name: str, face: set[str]) -> bool:
+    """`from qlower.tuning import gemv` lists qlower.tuning.gemv: a name of a face module."""
+    parent = name.rsplit(".", 1)[0]
+    return parent in face

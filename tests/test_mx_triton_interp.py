@@ -77,14 +77,17 @@ DECODE_SCRIPT = textwrap.dedent(
     from qlower.patterns import mx_format as fmt
     from qlower.lowerings.kernels.triton import mx_ops
     from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig
-    from qlower.lowerings.kernels.triton.mx_launch import mx_decode_linear
+    from qlower.lowerings.kernels.triton.mx_decode import as_words
+    from qlower.lowerings.kernels.triton.mx_launch import launch_decode
+
+    def mx_decode_linear(cfg, x, w, w_scale, bias, w_fmt, w_swizzled=False, out_dtype=None):
+        # one DecodeConfig launched directly (no wrap_triton): uint8 weight [N, K/2 or K] -> out [M, N]
+        out = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=w.device)
+        launch_decode(cfg, x, as_words(w), w_scale, bias, out, w_fmt, w_swizzled, direct=True)
+        return out
     from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
 
     torch.manual_seed(0)
-    G1 = DecodeConfig("gemv", BITS, 16, 8, 4, 1, prefetch=True)
-    G1SK = DecodeConfig("gemv", BITS, 16, 8, 4, 1, split_k=3, prefetch=True)  # K splits off the tile
-    G4 = DecodeConfig("gemv", BITS, 16, 8, 4, 1, block_m=4)
-    G4PF = DecodeConfig("gemv", BITS, 8, 16, 4, 1, block_m=2, prefetch=True)
     MM4 = DecodeConfig("mm", BITS, 16, 8, 4, 1, block_m=16)   # fp4: 64 elements per dot step
     MM8 = DecodeConfig("mm", BITS, 16, 16, 4, 1, block_m=16)  # fp8: 64 elements per dot step
     H1 = DecodeConfig("hfma", BITS, 16, 8, 4, 1, prefetch=True)  # mx_hfma (its exact fallback here)
@@ -104,12 +107,6 @@ DECODE_SCRIPT = textwrap.dedent(
 
     # Kernels, explicit configs. K=224: 7 scale blocks (off every BLOCK_KW); N=40, 36: ragged N.
     CASES = [  # weight format, config, M, N, swizzled, bias, activation dtype
-        ("e2m1", G1, 1, 40, False, True, torch.float32),
-        ("e2m1", G1SK, 1, 40, True, True, torch.float16),
-        ("e4m3", G1SK, 1, 36, False, False, torch.float16),
-        ("e4m3", G4, 5, 40, True, True, torch.float32),    # two m tiles, the last ragged
-        ("e2m1", G4PF, 3, 36, False, True, torch.float16),
-        ("e5m2", G1, 2, 40, False, True, torch.float32),
         ("e2m1", MM4, 7, 40, True, True, torch.float16),
         ("e4m3", MM8, 16, 36, False, True, torch.float16),
         ("e2m1", H1, 1, 40, False, True, torch.float16),
@@ -155,7 +152,7 @@ def test_decode_kernels_in_triton_interpreter():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 19, proc.stdout
+    assert len(lines) == 13, proc.stdout
     assert all(line.endswith("OK") for line in lines), proc.stdout
 
 

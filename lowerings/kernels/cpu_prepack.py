@@ -13,7 +13,7 @@ through the storage, and pointer, shape and strides stay the same (tests/test_cp
 `test_every_weight_write_between_calls_is_seen`). The lookup key (the owning tensor, `w._base` for a view,
 plus the view's geometry) only finds the candidate entry; an entry is dropped when its owner dies.
 
-Cost, at K = N = 4096 (README "The CPU prepack cache"): the compare reads 2 x 16 MiB, 2.4 ms of one core a
+Cost, at K = N = 4096 (docs/how-it-works.md, "The CPU prepack cache"): the compare reads 2 x 16 MiB, 2.4 ms of one core a
 call, against 7.6 ms for the cached call at M = 16. Memory: two copies the size of the int8 weight per
 cached weight (the packed one and the bytes it came from), while the weight lives.
 `QLOWER_CPU_PREPACK_CACHE=0` turns the lowering off (the pass then picks `_int_mm`).

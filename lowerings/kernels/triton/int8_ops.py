@@ -46,12 +46,12 @@ def _launch(
     common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.kernel == "decode":
         assert a.dtype != torch.int8 and xs is None and cfg.split_k == 1, "decode: woq-int8, no split-K"
-        # grid (N tiles, M tiles, 1): split-K none, so the scratch / counter pointers are never read
+        # grid (N tiles, M tiles, 1): one program covers the whole K
         grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), 1)
         wrap_triton(woq_decode_kernel)[grid](
-            a, w, ws1, b1, out, ws1, ws1, m, n, k, k,
+            a, w, ws1, b1, out, m, n, k,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
-            HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, REDUCE=0, SPLIT_K=1, EVEN_K=even_k,
+            HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, EVEN_K=even_k,
             CVT=_conversion_here(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip

@@ -18,10 +18,8 @@ Why a second set of kernels: at M=1 the MX GEMV is memory-bound in theory but in
     (value * 2**-14, f16 subnormal for 0.5), then `cvt.f32.f16`. No fp8 convert unit involved.
 - Products are summed per word in an fp32 fma chain, per 32-block, then times the block's scale (one
   multiply per 32 elements); the scale tile [BLOCK_N, BLOCK_K/32] is loaded once per iteration.
-- `mx_decode_gemv_kernel` (no longer picked: `mx_hfma` beat it at every measured M <= 4 on the H200, see the
-  sweep notes above `mx_ops.DECODE_MAX_M`; kept as the baseline those sweeps compared against): BLOCK_M
-  activation rows per program share the decoded weights;
-  SPLIT_K > 1 writes fp32 partials [SPLIT_K, M, N] reduced by `mx_splitk_reduce_kernel` (2 launches).
+- `mx_splitk_reduce_kernel`: sums the fp32 partials [SPLIT_K, M, N] of a split-K `mx_hfma` launch (its GEMV
+  sibling here, which `mx_hfma` beat at every measured M <= 4, is in git tag lab-archive).
 - `mx_decode_mm_kernel`: M up to 16-64: decoded, scaled weights cast to bf16 (exact) into `tl.dot`.
 
 Inputs: x [M, K] float; w_words int32 [N, K/8] (e2m1) or [N, K/4] (fp8) — a `.view(torch.int32)` of the
@@ -200,69 +198,6 @@ def _load_w(w_ptr, rn3, n_mask, kw3, lim, stride_wn, CHECK_K: tl.constexpr, EVIC
         return tl.load(ptrs, mask=mask, other=0)
 
 
-@triton.jit
-def mx_decode_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
-    M, N, KW, KW_SPLIT, x_mul, s_mul,
-    stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, s_cols_pad,
-    stride_os, stride_om, stride_on,
-    W_FMT: tl.constexpr, SWIZZLED: tl.constexpr, DECODE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, EVICT: tl.constexpr, X_PRESCALE: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-):  # fmt: skip
-    """Programs: (m tile fastest, so tiles sharing weights run together; n tile; K split).
-
-    Each program: BLOCK_N weight rows x BLOCK_M activation rows over KW_SPLIT words of K. With a K split the
-    fp32 partials go to out_ptr[pid_k] (bias and the cast are the reduce kernel's), else bf16/out dtype.
-    """
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    EPW: tl.constexpr = 8 if W_FMT == 3 else 4
-    WPB: tl.constexpr = 32 // EPW
-    NBK: tl.constexpr = BLOCK_KW // WPB
-
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = rm < M
-    n_mask = rn < N
-    rm3 = rm[:, None, None]
-    rn3 = rn[None, :, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N, NBK), dtype=tl.float32)
-    kw_lo = pid_k * KW_SPLIT
-    kw_end = kw_lo + KW_SPLIT
-    lim = tl.minimum(kw_end, KW)
-    ar3 = tl.arange(0, BLOCK_KW)[None, None, :]
-    if PREFETCH:
-        w = _load_w(w_ptr, rn3, n_mask, kw_lo + ar3, lim, stride_wn, True, EVICT)
-    for kw0 in range(kw_lo, kw_end, BLOCK_KW):
-        kw = kw0 + tl.arange(0, BLOCK_KW)
-        kw3 = kw[None, None, :]
-        if PREFETCH:  # next tile's words in flight while this one is decoded
-            w_cur = w
-            nxt = kw0 + BLOCK_KW
-            w = _load_w(w_ptr, rn3, n_mask, nxt + ar3, lim, stride_wn, True, EVICT)
-        else:
-            w_cur = _load_w(w_ptr, rn3, n_mask, kw3, KW, stride_wn, not EVEN_K, EVICT)
-        vals = _decode_words(w_cur, W_FMT, DECODE)
-        x_mask = m_mask[:, None, None] & (kw3 < KW)
-        part = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_KW), dtype=tl.float32)
-        for e in tl.static_range(EPW):
-            xe = tl.load(x_ptr + rm3 * stride_xm + (kw3 * EPW + e) * stride_xk, mask=x_mask, other=0)
-            if X_PRESCALE:
-                part += vals[e] * (xe.to(tl.float32) * x_mul).to(tl.float32)
-            else:
-                part += vals[e] * xe.to(tl.float32)
-        part = tl.sum(tl.reshape(part, (BLOCK_M, BLOCK_N, NBK, WPB)), axis=3)
-        kb = kw0 // WPB + tl.arange(0, NBK)
-        s = _block_scales(s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, s_mul, SWIZZLED)
-        acc += part * s[None, :, :]
-    out = tl.sum(acc, axis=2)
-    o_mask = m_mask[:, None] & n_mask[None, :]
-    o_ptrs = out_ptr + pid_k * stride_os + rm[:, None] * stride_om + rn[None, :] * stride_on
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + rn, mask=n_mask, other=0).to(tl.float32)[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit
@@ -406,6 +341,6 @@ def as_words(w: torch.Tensor) -> Optional[torch.Tensor]:
 
 __all__ = [
     "BITS", "CVT", "F16BITS", "E2M1", "E4M3", "E5M2", "DecodeConfig", "as_words", "elems_per_word",
-    "mx_decode_gemv_kernel", "mx_decode_mm_kernel",
+    "mx_decode_mm_kernel",
     "mx_splitk_reduce_kernel",
 ]  # fmt: skip

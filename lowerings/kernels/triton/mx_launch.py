@@ -11,11 +11,9 @@ from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import cdiv
 from qlower.lowerings.kernels.triton.mx_decode import (
     DecodeConfig,
-    as_words,
     effective_decode,
     elems_per_word,
     fmt_consts,
-    mx_decode_gemv_kernel,
     mx_decode_mm_kernel,
     mx_splitk_reduce_kernel,
 )
@@ -91,11 +89,7 @@ def launch_decode(
             USE_ASM=not interpreted(), **common,
         )  # fmt: skip
     else:
-        k(mx_decode_gemv_kernel)[(cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)](
-            x, w_words, s_t, b, part, m, n, kw, kw_split, x_mul, s_mul,
-            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, *p_strides,
-            X_PRESCALE=xsh != 0, **common,
-        )  # fmt: skip
+        raise ValueError(f"unknown MX decode kernel {cfg.kernel!r} (hfma, mm)")
     if split == 1:
         return
     rblock = 1024
@@ -103,24 +97,3 @@ def launch_decode(
         part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK=rblock, num_warps=4,
     )  # fmt: skip
-
-
-
-def mx_decode_linear(
-    cfg: DecodeConfig,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    w_fmt: int,
-    w_swizzled: bool = False,
-    out_dtype: Optional[torch.dtype] = None,
-    direct: bool = True,
-) -> torch.Tensor:
-    """Eager entry (experiments, tests): uint8 weight [N, K/2 or K] -> out [M, N]."""
-    words = as_words(w)
-    if words is None:
-        raise ValueError("weight cannot be viewed as int32 words (needs contiguous rows, 4-byte aligned)")
-    out = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=w.device)
-    launch_decode(cfg, x, words, w_scale, bias, out, w_fmt, w_swizzled, direct=direct)
-    return out

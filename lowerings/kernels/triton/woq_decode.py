@@ -1,7 +1,6 @@
-"""Decode-size (M <= 16) weight-only int8 kernels. `ops.woq_int8_linear` launches `woq_decode_kernel` (no
-split-K) where `configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config; the split-K forms and the
-eager `woq_decode` launcher below are what the M <= 16 kernel sweeps timed (their script: git tag lab-archive)
-and no config picks them.
+"""Decode-size (M <= 16) weight-only int8 kernel. `ops.woq_int8_linear` launches `woq_decode_kernel` where
+`configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config. (Its split-K forms and their eager launcher,
+which the M <= 16 kernel sweeps timed and no config picked, are in git tag lab-archive.)
 
 At decode sizes a woq-int8 linear is one pass over the int8 weight, so the kernel must keep enough bytes in
 flight per SM to run near HBM bandwidth, spend few instructions per weight byte, and leave no half-empty
@@ -14,33 +13,22 @@ last wave on 132 SMs. One kernel, `woq_decode_kernel`, covers the variants those
   of the next tile (PREFETCH) so a warp's next loads are in flight while it computes.
 - USE_DOT=True: swap-AB tensor cores, acc^T [BLOCK_N, BLOCK_M] = W [BLOCK_N, BLOCK_K] @ x^T; the weight is
   read once for all M <= BLOCK_M rows.
-- Split-K over contiguous K ranges (REDUCE): 0 none (direct store); 1 fp32 atomics into a zeroed buffer (a
-  cast after); 2 "last program reduces": partials to a scratch buffer, a per-tile ticket counter, and the
-  program that arrives last sums them and writes the output, so split-K costs one launch (the counters are
-  reset by that program, so a persistent zeroed buffer stays zero; a fresh `torch.zeros` works too); 3 plain
-  partial stores and a second reduce kernel.
 - CVT: int8 -> fp32 by I2F (0), by the 0x4B000080 magic in Triton ops (1), or by inline PTX (2): one xor per
   4 bytes, one prmt per byte (byte into the low mantissa under exponent 0x4B), one fsub. The dot path also
   takes 3: int8 -> bf16/fp16 directly by inline PTX (two bf16 pairs per 4 bytes, 2 instructions per element);
   the FMA path, which works in fp32, reads 3 as 2.
 
-Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K): M enters only as a kernel argument and a grid size, so
-the launcher works with a symbolic M inside a `torch.library.triton_op` (pass `wrap=wrap_triton`).
+Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1): M enters only as a kernel argument and a grid size, so the
+launch works with a symbolic M inside a `torch.library.triton_op`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-import torch
 import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
 from qlower.lowerings.kernels.triton.int8_kernels import _int8_to
-from qlower.lowerings.kernels.triton.launch_args import cdiv, flat
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
 _ASM_I8_F32 = tl.constexpr(
@@ -136,12 +124,9 @@ def woq_decode_kernel(
     ws_ptr,
     b_ptr,
     out_ptr,
-    part_ptr,
-    cnt_ptr,
     M,
     N,
     K,
-    K_SPLIT,
     stride_xm,
     stride_xk,
     stride_wn,
@@ -152,8 +137,6 @@ def woq_decode_kernel(
     stride_on,
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
-    REDUCE: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     CVT: tl.constexpr,
     EVICT: tl.constexpr,
@@ -163,22 +146,19 @@ def woq_decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ (w[N, K] int8).T * ws[N] + b[N]; program (n tile, m tile, K range).
+    """out[M, N] = x[M, K] @ (w[N, K] int8).T * ws[N] + b[N]; program (n tile, m tile), the whole K.
 
-    K_SPLIT: the K range of one program, a multiple of BLOCK_K (so only the tile that crosses K is partial).
-    part_ptr: fp32 [SPLIT_K, M, N] (REDUCE 2/3) or the zeroed fp32 output (REDUCE 1); cnt_ptr: int32 per
-    (m tile, n tile), zero on entry (REDUCE 2).
+    (Its split-K variants, which no measured config picked, are in git tag lab-archive.)
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rm = offs_m % M  # rows past M / N re-read valid memory; stores are masked
     rn = offs_n % N
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    k_lo = 0
+    k_hi = K
     w_ptrs = w_ptr + rn[:, None] * stride_wn + offs_k[None, :] * stride_wk
     if USE_DOT:
         x_ptrs = x_ptr + rm[None, :] * stride_xm + offs_k[:, None] * stride_xk  # x^T [BK, BM]
@@ -236,148 +216,5 @@ def woq_decode_kernel(
             acc_t = tl.sum(acc2, axis=1)[:, None]
         acc = tl.trans(acc_t)
 
-    if REDUCE == 0:
-        _finish(acc, offs_m, offs_n, M, N, ws_ptr, stride_ws, b_ptr, stride_b, out_ptr, stride_om, stride_on,
-                HAS_BIAS)  # fmt: skip
-    elif REDUCE == 1:
-        mask_n = offs_n < N
-        ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0).to(tl.float32)
-        val = acc * ws[None, :]
-        if HAS_BIAS:
-            b = tl.load(b_ptr + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)
-            val = val + b[None, :] * (pid_k == 0).to(tl.float32)
-        mask = (offs_m < M)[:, None] & mask_n[None, :]
-        tl.atomic_add(part_ptr + offs_m[:, None] * N + offs_n[None, :], val, mask=mask)
-    else:
-        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        p_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(p_ptrs + pid_k * M * N, acc, mask=mask)
-        if REDUCE == 2:
-            tl.debug_barrier()  # every thread's partial is written before the release below
-            tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT_K - 1:  # the last program of this tile sums all partials (from L2)
-                tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    tot += tl.load(p_ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                _finish(tot, offs_m, offs_n, M, N, ws_ptr, stride_ws, b_ptr, stride_b, out_ptr, stride_om,
-                        stride_on, HAS_BIAS)  # fmt: skip
-                tl.atomic_xchg(cnt_ptr + tile, 0)  # back to zero for the next call
-
-
-@triton.jit
-def woq_splitk_reduce_kernel(
-    part_ptr,
-    ws_ptr,
-    b_ptr,
-    out_ptr,
-    M,
-    N,
-    stride_ws,
-    stride_b,
-    stride_om,
-    stride_on,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Second stage of REDUCE 3: out[m, n] = sum_s part[s, m, n] * ws[n] + b[n]; grid (cdiv(N, BLOCK), M)."""
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
-    offs = pid_n * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    tot = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        tot += tl.load(part_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
-    val = tot * tl.load(ws_ptr + offs * stride_ws, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        val += tl.load(b_ptr + offs * stride_b, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + offs * stride_on, val.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-REDUCE_CODES = {"none": 0, "atomic": 1, "sem": 2, "part": 3}
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """One launch of `woq_decode_kernel`; `reduce` is forced to "none" when split_k == 1."""
-
-    dot: bool
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 1
-    split_k: int = 1
-    reduce: str = "none"  # none | atomic | sem | part
-    cvt: int = 1
-    evict: bool = True
-    acc3: bool = False
-    prefetch: bool = False
-
-    def __str__(self) -> str:
-        s = f"{'dot' if self.dot else 'fma'} {self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} "
-        s += f"s{self.num_stages} cvt{self.cvt}"
-        if self.split_k > 1:
-            s += f" sk{self.split_k}:{self.reduce}"
-        s += "" if self.evict else " noevict"
-        s += " acc3" if self.acc3 else ""
-        s += " pf" if self.prefetch else ""
-        return s
-
-
-def woq_decode(
-    cfg: DecodeConfig,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    ws: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    counters: torch.Tensor | None = None,
-    wrap: Callable[[Any], Any] = lambda k: k,
-) -> torch.Tensor:
-    """x [M, K] @ (w [N, K] int8 * ws).T + bias -> [M, N] in x's dtype.
-
-    counters: for reduce="sem", an int32 buffer of >= cdiv(M, BM) * cdiv(N, BN) zeros that the kernel leaves
-    zeroed (reused across calls); None allocates fresh zeros (one memset, the form a functional op needs).
-    wrap: `torch.library.wrap_triton` inside a triton_op (eager: the identity).
-    """
-    m = x.shape[0]
-    n, k = w.shape
-    split = cfg.split_k
-    red = REDUCE_CODES[cfg.reduce] if split > 1 else 0
-    k_split = cdiv(cdiv(k, split), cfg.block_k) * cfg.block_k
-    ws1, s_ws = flat(ws)
-    b1, s_b = flat(bias) if bias is not None else (ws1, 0)
-    tiles_n = cdiv(n, cfg.block_n)
-    tiles_m = cdiv(m, cfg.block_m)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    part: torch.Tensor = out
-    cnt: torch.Tensor = out
-    if red == 1:
-        part = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    elif red in (2, 3):
-        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    if red == 2:
-        cnt = (
-            counters
-            if counters is not None
-            else torch.zeros(tiles_m * tiles_n, dtype=torch.int32, device=x.device)
-        )
-    grid = (tiles_n, tiles_m, split)
-    wrap(woq_decode_kernel)[grid](
-        x, w, ws1, b1, out, part, cnt, m, n, k, k_split,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
-        HAS_BIAS=bias is not None, USE_DOT=cfg.dot, REDUCE=red, SPLIT_K=split, EVEN_K=k % cfg.block_k == 0,
-        CVT=cfg.cvt, EVICT="evict_first" if cfg.evict else "", ACC3=cfg.acc3, PREFETCH=cfg.prefetch,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    if red == 1:
-        return part.to(x.dtype)
-    if red == 3:
-        blk = 1024
-        wrap(woq_splitk_reduce_kernel)[(cdiv(n, blk), m)](
-            part, ws1, b1, out, m, n, s_ws, s_b, out.stride(0), out.stride(1),
-            HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=blk, num_warps=4,
-        )  # fmt: skip
-    return out
+    _finish(acc, offs_m, offs_n, M, N, ws_ptr, stride_ws, b_ptr, stride_b, out_ptr, stride_om, stride_on,
+            HAS_BIAS)  # fmt: skip

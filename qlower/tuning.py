@@ -1,0 +1,54 @@
+"""The knobs of qlower's Triton kernels, for the sweeps that choose their committed tables.
+
+`scripts/tune_cuda_kernels.py --sweep` times `gemv`/`mm` configs of the int8 kernels and prints the winners that
+`WOQ_INT8_TABLE` / `DYNAMIC_INT8_TABLE` hold; `scripts/bench_mx.py --sweep` does the same for the MX kernels.
+Importing this module imports Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qlower.lowerings.kernels.triton import configs as _configs
+from qlower.lowerings.kernels.triton import int8_ops as _int8_ops
+from qlower.lowerings.kernels.triton import mx_ops as _mx_ops
+
+# int8 kernels (woq_int8, dynamic_int8): config constructors, the tables, the rules, one-config launches
+gemv = _configs.gemv
+mm = _configs.mm
+m_bucket = _configs.m_bucket
+woq_int8_config = _configs.woq_int8_config
+dynamic_int8_config = _configs.dynamic_int8_config
+WOQ_INT8_TABLE = _configs.WOQ_INT8_TABLE
+DYNAMIC_INT8_TABLE = _configs.DYNAMIC_INT8_TABLE
+launch_int8_config = _int8_ops.launch_config
+
+# MX kernels
+MXConfig = _mx_ops.MXConfig
+MX_ELEM_CODE = _mx_ops.ELEM_CODE
+launch_mx_config = _mx_ops.launch_config
+pick_mx_config = _mx_ops.pick_config
+
+
+def set_mx_default(name: str, cfg: Any) -> None:
+    """Make `cfg` the MX default config `name` (e.g. "GEMV_FP4") for the rest of this process."""
+    if not hasattr(_mx_ops, name):
+        raise ValueError(f"qlower.tuning: no MX default config named {name!r}")
+    setattr(_mx_ops, name, cfg)
+
+
+__all__ = [
+    "DYNAMIC_INT8_TABLE",
+    "MXConfig",
+    "MX_ELEM_CODE",
+    "WOQ_INT8_TABLE",
+    "dynamic_int8_config",
+    "gemv",
+    "launch_int8_config",
+    "launch_mx_config",
+    "m_bucket",
+    "mm",
+    "pick_mx_config",
+    "set_mx_default",
+    "woq_int8_config",
+]
