@@ -53,7 +53,7 @@ PICKS = {
     and c.family == "woq_int8" and x["grad"] == "both" and c.bias and _small(c),
     "weight_write, dynamic int8, prepack cache": lambda c, x: x.get("variant") == "weight_write"
     and c.family == "dynamic_int8" and x.get("isa") == "vnni" and c.k * c.n >= 1 << 22
-    and x["api"] in ("data_setitem", "numpy") and c.form not in ("AsymInt32", "PT2E_asym")
+    and x["api"] in ("data_setitem", "numpy") and c.form in ("IntMMDivide", "IntMMReciprocal", "OutDtypeMM")
     and c.preference == "AUTO" and not c.dynamic,
     "mx_special, e8m0 code 255 -> 0": lambda c, x: x.get("variant") == "mx_special"
     and x["special"] == "e255_zero" and _small(c),
