@@ -318,7 +318,8 @@ def legalize_e8m0(graph: fx.Graph) -> int:
         src, out = tensor_val(node.args[0]), tensor_val(node)
         if src is None or out is None or src.dtype != torch.float8_e8m0fnu or node.meta.get("qlower"):
             continue  # qlower's own emitters already spell e8m0 the way their device takes it
-        if src.device.type != "cpu":  # only the C++ backend is known to lack e8m0; other graphs stay as written
+        # only the C++ backend is known to lack e8m0: other graphs stay as written
+        if src.device.type != "cpu":
             continue
         em = Emitter(graph, node)
         converts = node.target in (prims.convert_element_type.default, aten._to_copy.default)
