@@ -22,4 +22,3 @@ def int8_operands(rec: QuantLinear) -> str | None:
         if not isinstance(v, torch.Tensor) or v.dtype != torch.int8:
             return f"{name} is not int8"
     return None
-

@@ -152,19 +152,16 @@ WOQ_INT8_SCRATCH_MM_CPU = Lowering(
 #   quantize prologue; a dynamic M goes through `qlower::int8_mm_min_m`). Other K, N: the emulated lowering.
 # - XPU: `_int_mm` (oneDNN), no size rules as of torch 2.13.
 
-CPU_U8_MIN_M = 2  # below: s8s8's GEMV path is as fast and needs no column sums (where it is right, below)
-
+CPU_U8_MIN_M = 2  # below: s8s8 is as fast, no column sums (but see u8s8_at_m1: VNNI CPUs keep u8s8 at M = 1)
 
 
 CPU_U8_MIN_K = 4096  # below: s8s8 `_int_mm` was faster (K = 1024, 2048, 2816); u8s8 won at K = 4096, 8192
-
 
 
 # Cached-prepack qlinear: a fixed ~55 us per call (custom op + oneDNN); it won from K*N = 2^22 int8 weights on
 # (M=16: 394 vs 806 us at 2048^2, 364 vs 987 us at 4096x1024), tied at 1024^2 and lost below (63 vs 10 us
 # at 256^2). 1 thread, CI CPU, single calls.
 CPU_CACHED_MIN_WEIGHT = 2**22
-
 
 
 def cpu_int8_isa() -> str:
@@ -177,7 +174,6 @@ def cpu_int8_isa() -> str:
     return "vnni" if torch.cpu._is_vnni_supported() else "none"
 
 
-
 @functools.cache
 def int_mm_takes_uint8() -> bool:
     """Whether this torch's CPU `_int_mm` accepts a uint8 activation (torch 2.13 does; 2.11 raises "expected
@@ -187,7 +183,6 @@ def int_mm_takes_uint8() -> bool:
     except RuntimeError:
         return False
     return True
-
 
 
 def u8s8_at_m1(rec: QuantLinear) -> bool:
@@ -203,7 +198,6 @@ def u8s8_at_m1(rec: QuantLinear) -> bool:
     return m1 and cpu_int8_isa() == "vnni" and int_mm_takes_uint8()
 
 
-
 def _supports_cpu_s8s8(rec: QuantLinear) -> str | None:
     why = int8_operands(rec)
     if why:
@@ -211,7 +205,6 @@ def _supports_cpu_s8s8(rec: QuantLinear) -> str | None:
     if u8s8_at_m1(rec):
         return "an M that can be 1 takes u8s8 on VNNI CPUs without AMX (u8s8_at_m1)"
     return None
-
 
 
 def weight_is_frozen(rec: QuantLinear) -> bool:
@@ -237,14 +230,12 @@ def weight_is_frozen(rec: QuantLinear) -> bool:
     return placeholders.index(node) < len(params)
 
 
-
 def weight_is_stored(rec: QuantLinear) -> bool:
     """Whether the weight node is itself a graph input or attribute: Inductor then passes the caller's own
     tensor to the op on every call, with its version counter, so a run-time cache can hit and can see
     in-place writes. A view of one (slice, transpose) reaches the op as `reinterpret_tensor`, a new tensor
     each call that shares the storage but not the version counter; a computed weight is new every call."""
     return isinstance(rec.weight, fx.Node) and rec.weight.op in ("placeholder", "get_attr")
-
 
 
 def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
@@ -266,7 +257,6 @@ def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
     return None
 
 
-
 def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
     why = _qlinear_u8_rules(rec)
     if why:
@@ -274,7 +264,6 @@ def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
     if not weight_is_frozen(rec):
         return "the weight is not a constant (needs freezing): a prepacked weight must fold at compile time"
     return None
-
 
 
 def _supports_cpu_qlinear_cached(rec: QuantLinear) -> str | None:
@@ -290,7 +279,6 @@ def _supports_cpu_qlinear_cached(rec: QuantLinear) -> str | None:
     if not (is_static(rec.k) and is_static(rec.n)) or rec.k * rec.n < CPU_CACHED_MIN_WEIGHT:
         return f"K*N={rec.k}*{rec.n} < 2^22: the cached qlinear's fixed cost outweighs the re-pack it saves"
     return None
-
 
 
 def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
@@ -311,7 +299,6 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
     return None
 
 
-
 DYNAMIC_INT8_QLINEAR_CPU = Lowering(
     name="onednn.qlinear_pointwise.u8",
     family="dynamic_int8",
@@ -320,7 +307,6 @@ DYNAMIC_INT8_QLINEAR_CPU = Lowering(
     emit=emit_qlinear_u8,
     doc="oneDNN u8s8 qlinear on a weight prepacked at compile time (freezing), per-token scale in the epilogue",
 )
-
 
 
 DYNAMIC_INT8_QLINEAR_CACHED_CPU = Lowering(
@@ -333,7 +319,6 @@ DYNAMIC_INT8_QLINEAR_CACHED_CPU = Lowering(
 )
 
 
-
 DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
     name="aten._int_mm.u8s8",
     family="dynamic_int8",
@@ -344,7 +329,6 @@ DYNAMIC_INT8_INT_MM_U8_CPU = Lowering(
 )
 
 
-
 DYNAMIC_INT8_INT_MM_CPU = Lowering(
     name="aten._int_mm",
     family="dynamic_int8",
@@ -353,7 +337,6 @@ DYNAMIC_INT8_INT_MM_CPU = Lowering(
     emit=emit_int_mm,
     doc="oneDNN int8 GEMM between the fused activation quantize and the fused rescale",
 )
-
 
 
 def register() -> None:

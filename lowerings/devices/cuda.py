@@ -122,7 +122,9 @@ def _platform(rec: QuantLinear) -> str | None:
         return "CUDA is not available in this process (capability unknown)"
     cap = torch.cuda.get_device_capability(device)
     if cap < TRITON_INT8_MIN_CAPABILITY:
-        return f"capability {cap[0]}.{cap[1]} < {TRITON_INT8_MIN_CAPABILITY[0]}.{TRITON_INT8_MIN_CAPABILITY[1]}"
+        return (
+            f"capability {cap[0]}.{cap[1]} < {TRITON_INT8_MIN_CAPABILITY[0]}.{TRITON_INT8_MIN_CAPABILITY[1]}"
+        )
     return None
 
 

@@ -40,4 +40,3 @@ MX_EMULATED = Lowering(
     emit=emit_mx_emulated,
     doc="MX operands decoded exactly (e8m0 via its bits or aten, e2m1 by bit arithmetic) and fused, then the float mm",
 )
-

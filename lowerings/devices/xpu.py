@@ -45,7 +45,6 @@ def _supports_xpu_int_mm(rec: QuantLinear) -> str | None:
     return None
 
 
-
 DYNAMIC_INT8_INT_MM_XPU = Lowering(
     name="aten._int_mm",
     family="dynamic_int8",
@@ -54,7 +53,6 @@ DYNAMIC_INT8_INT_MM_XPU = Lowering(
     emit=emit_int_mm,
     doc="oneDNN int8 GEMM on XPU, fused quantize and rescale",
 )
-
 
 
 def register() -> None:

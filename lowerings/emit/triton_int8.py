@@ -1,9 +1,6 @@
-"""The CUDA lowerings (kind TRITON) that call qlower's Triton kernels, and when they may be chosen.
-
-`supports` checks correctness first (activation dtype, int8 operands, Triton importable, capability), then
-the measured crossover in `configs`: where the kernel was slower than the next lowering, it declines and the
-registry falls through to it.
-"""
+"""How a woq-int8 or dynamic-int8 record becomes a call of qlower's int8 Triton kernels. When each is chosen is
+`lowerings/devices/cuda.py` (`WOQ_INT8_TRITON`, `DYNAMIC_INT8_TRITON`: `supports` checks correctness, `prefer`
+the measured crossover in `kernels/triton/configs.py`)."""
 
 from __future__ import annotations
 
@@ -96,8 +93,3 @@ def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 
     core = emit_traced(em, call, tensors)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
-
-
-
-
-

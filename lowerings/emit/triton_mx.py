@@ -1,14 +1,5 @@
-"""The CUDA lowerings (kind TRITON) that call qlower's MX Triton kernels (`mx_kernels`), and when they may.
-
-For GPUs without MX tensor cores (capability < 10.0: the H200 here) and for weight-only MX anywhere. fp8
-converts and fp8 tensor-core dots in Triton need capability >= 8.9.
-
-Measured on the H200 (BENCHMARKS.md, "MX"): the GEMV kernel wins at decode sizes (MXFP8 weight-only M=1
-1.30x bf16), but the dynamic-activation tile kernel (fp8 dots per 32-wide K chunk) ran at 0.15x bf16 at
-M=4096 and 0.33x at M=128. So `MX_TRITON` declines dynamic-activation records above the GEMV range and AUTO
-falls through to the fused emulation (dequantize + bf16 mm); `MX_TRITON_ANY_M`, ranked after emulation,
-still serves an explicit `KernelPreference.TRITON`.
-"""
+"""How a record becomes a call of qlower's MX Triton kernels (`qlower::mx_linear`). When it is chosen is
+`lowerings/devices/cuda.py` (`MX_TRITON`: `supports` checks correctness, `prefer` the measured crossover)."""
 
 from __future__ import annotations
 
@@ -63,6 +54,3 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 
     core = emit_traced(em, call, tensors)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
-
-
-

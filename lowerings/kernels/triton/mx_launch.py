@@ -81,7 +81,6 @@ def launch_decode(
     p_strides = (0, out.stride(0), out.stride(1)) if split == 1 else part.stride()
     common.update(EVEN_K=even, PREFETCH=cfg.prefetch, HAS_BIAS=bias is not None and split == 1)
     if cfg.kernel == "hfma":
-
         common.pop("DECODE")
         k(mx_hfma_gemv_kernel)[(cdiv(n, cfg.block_n), cdiv(m, cfg.block_m) * gate, split)](
             x, w_words, s_t, b, part, m, n, kw, kw_split,
