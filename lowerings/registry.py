@@ -6,6 +6,7 @@ not ship (XPU variants, Trainium, any PrivateUse1 device) plugs in with one `reg
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,29 @@ def decision_env() -> tuple[str, ...]:
     """Every environment variable a registered backend's rules read (sorted, each once)."""
     with _LOCK:
         return tuple(sorted({v for b in _BACKENDS.values() for v in b.env}))
+
+
+_EMITTING_UNDER: contextvars.ContextVar[KernelPreference] = contextvars.ContextVar(
+    "qlower_emitting_under", default=KernelPreference.AUTO
+)
+
+
+def emit_chosen(
+    lowering: Lowering, graph: fx.Graph, record: QuantLinear, preference: KernelPreference
+) -> fx.Node:
+    """Run `lowering.emit` for a choice made under `preference` (what `emitting_under` then returns)."""
+    token = _EMITTING_UNDER.set(preference)
+    try:
+        return lowering.emit(graph, record)
+    finally:
+        _EMITTING_UNDER.reset(token)
+
+
+def emitting_under() -> KernelPreference:
+    """The preference of the choice being emitted. An emitter reads it only where AUTO's measured crossover
+    lives inside the kernel call (woq-int8's Triton op at a symbolic M hands M above the crossover to cuBLAS;
+    an explicit TRITON keeps its kernels at every M)."""
+    return _EMITTING_UNDER.get()
 
 
 def _family_lowerings(backend: Backend, family: str) -> list[Lowering]:

@@ -22,7 +22,7 @@ from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.mx import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
-from qlower.lowerings.registry import decision_env
+from qlower.lowerings.registry import decision_env, emit_chosen
 from qlower.passes import report as reporting
 from qlower.passes.canonicalize import canonicalize
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
@@ -129,7 +129,7 @@ class QLowerPass(CustomGraphPass):
         )
         if choice.lowering is None:
             return reporting.Decision(lowering=None, reason=choice.reason, **base)
-        new = choice.lowering.emit(graph, cand)
+        new = emit_chosen(choice.lowering, graph, cand, self.preference)
         _check_same_value(cand.output, new)
         cand.output.replace_all_uses_with(new)
         _erase_dead(graph, cand.nodes)

@@ -311,3 +311,45 @@ def test_demo_mx_linear_is_lowered_and_named():
     (d,) = r.report
     assert d.family == "mx" and d.module == "proj" and d.shape == demo.MX_SHAPE, r.report.table()
     assert r.err_vs_eager <= 2**-7 * r.ref_max, (r.err_vs_eager, r.ref_max)
+
+
+class _BmmWoq(nn.Module):
+    """A woq-int8 linear Inductor sees as bmm, which canonicalization turns into mm: an einsum of 2-D operands
+    (a batch-1 bmm), or a weight expanded over the batch."""
+
+    def __init__(self, seed: int, einsum: bool) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.einsum = einsum
+        self.register_buffer("w", torch.randint(-127, 128, (24, 32), dtype=torch.int8, generator=g))
+        self.register_buffer("s", torch.rand(24, generator=g) / 64 + 1e-3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.w.to(x.dtype)
+        if self.einsum:
+            return (
+                torch.einsum("mk,nk->mn", x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], -1) * self.s
+            )
+        return torch.bmm(x, w.t().expand(x.shape[0], -1, -1)) * self.s
+
+
+class _BmmNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = _BmmWoq(3, einsum=True)
+        self.batched = _BmmWoq(4, einsum=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.flat(x) + self.batched(x)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_canonicalized_linear_keeps_its_module(dynamic: bool):
+    model = _BmmNet()
+    fn = torch.compile(model, dynamic=dynamic, options=qlower.inductor_options())
+    with torch.no_grad():
+        for x in (torch.randn(2, 3, 32), torch.randn(3, 5, 32))[: 1 + dynamic]:
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4)
+    report = qlower.last_report()
+    assert sorted(d.module for d in report) == ["batched", "flat"], report.table()
+    assert all(d.lowered and d.family == "woq_int8" for d in report), report.table()

@@ -163,10 +163,15 @@ def test_emits_kernel_launches_not_an_opaque_op(dynamic):
     summary = testing.graph_summary(gm)
     assert "qlower.woq_int8_linear" not in summary and "_weight_int8pack_mm" not in summary
     launches = _launches(gm)
-    # static M=10: one launch from the table; dynamic M: a skinny and a tiled launch with gated grids
-    assert len(launches) == (2 if dynamic else 1) and set(launches) <= set(KERNEL_NAMES), launches
-    if dynamic:
-        assert "sym_min" in summary and "sym_max" in summary
+    # static M=10: one launch from the table; dynamic M: one gated launch per range of the plan up to AUTO's
+    # crossover (M = 256), and the gated weight dequantization of the cuBLAS range above it
+    if not dynamic:
+        assert len(launches) == 1 and set(launches) <= set(KERNEL_NAMES), launches
+    else:
+        plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 64, 48, max_m=256)
+        assert len(plan) >= 3 and len(launches) == len(plan) + 1, (plan, launches)
+        assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel", "woq_dequant_kernel"}, launches
+        assert "sym_min" in summary and "sym_max" in summary and "aten.addmm(" in summary, summary  # bias
 
 
 @needs_triton
@@ -176,8 +181,20 @@ def test_emits_kernel_launches_not_an_opaque_op(dynamic):
         (64, 48, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': True", "'BLOCK_K': 1024", "'CVT': 1")),
         (48, 64, 1, "woq_decode_kernel", ("'USE_DOT': False", "'ACC3': False", "'BLOCK_N': 16", "'CVT': 1")),
         # M 2..16: the 16-row tile, 32 columns where K >= N, 64 where N > K
-        (64, 48, 10, "qlinear_mm_kernel", ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 32", "'FAST_CVT': 1")),
-        (48, 64, 10, "qlinear_mm_kernel", ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 64", "'FAST_CVT': 1")),
+        (
+            64,
+            48,
+            10,
+            "qlinear_mm_kernel",
+            ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 32", "'FAST_CVT': 1"),
+        ),
+        (
+            48,
+            64,
+            10,
+            "qlinear_mm_kernel",
+            ("'SWAP_AB': False", "'BLOCK_M': 16", "'BLOCK_N': 64", "'FAST_CVT': 1"),
+        ),
     ],
 )
 def test_decode_size_configs_by_rule(k, n, m, kernel, flags):
@@ -206,15 +223,84 @@ def test_split_k_emits_decomposed_zeros(monkeypatch):
     assert "aten.full(" in summary and "aten.zeros" not in summary, summary
 
 
-def test_dynamic_m_skinny_launch_takes_the_measured_16_row_tiles():
-    """Dynamic M's skinny launch (M <= 16) cannot take a split-K or decode entry; it falls back to the 16-row PTX
-    tile measured for that side of K vs N (at 14336->4096 the 64-column tile ran 40 us, the 32-column 26)."""
-    from qlower.lowerings.kernels.triton import configs as cfgs
+PLAN_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 520))
 
-    for k, n, width in ((14336, 4096, 32), (4096, 4096, 32), (4096, 14336, 64), (1000, 520, 32)):
-        split, small, _ = cfgs.woq_int8_dynamic_configs(k, n)
-        assert split == 16 and (small.kernel, small.block_m, small.block_n) == ("mm", 16, width), (k, n, small)
-        assert small.split_k == 1 and small.fast_cvt == 2 and not small.swap_ab
+
+def _plans():
+    for static, table, max_m in (
+        (configs.woq_int8_config, configs.WOQ_INT8_TUNED, None),
+        (configs.woq_int8_config, configs.WOQ_INT8_TUNED, configs.WOQ_INT8_MAX_M),
+        (configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED, None),
+    ):
+        for k, n in PLAN_SHAPES:
+            yield static, table, max_m, k, n, configs.dynamic_plan(static, table, k, n, max_m=max_m)
+
+
+def test_dynamic_plan_covers_every_m_once_with_the_static_kernel():
+    """A symbolic M's launch ranges tile 1..max_m (or 1..inf) with no gap and no overlap; each range runs the
+    kernel a static M in it gets (the config of the bucket the device's table measured, split-K as its unsplit
+    tile), so a dynamic compile is the static compiles' kernels chosen at run time."""
+    for static, table, max_m, k, n, plan in _plans():
+        for m in range(1, 5000):
+            hits = [cfg for lo, hi, cfg in plan if lo <= m and (hi is None or m <= hi)]
+            assert len(hits) == (0 if max_m is not None and m > max_m else 1), (
+                static.__name__,
+                k,
+                n,
+                m,
+                plan,
+            )
+            if not hits:
+                continue
+            want = static(m, k, n)
+            if want.split_k == 1 and table.get((configs.m_bucket(m), k, n)) is not None:
+                assert hits[0] == want, (static.__name__, k, n, m, str(hits[0]), str(want))
+            assert hits[0].split_k == 1, (static.__name__, k, n, m, str(hits[0]))
+        assert plan[-1][1] == max_m, plan  # open-ended unless AUTO's crossover caps it
+
+
+def test_dynamic_plan_split_k_becomes_the_measured_unsplit_tile():
+    """At 14336->4096, M 2..16 the static pick splits K in two (fp32 atomics into one accumulator); a symbolic
+    M's launch cannot share that accumulator with the other buckets, so it takes the 16-row PTX tile measured for
+    K >= N (32 columns: 26 us unsplit, vs 40 for the split entry's 64-column tile unsplit)."""
+    plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 14336, 4096)
+    (cfg,) = [c for lo, hi, c in plan if lo <= 4 <= (hi or 1 << 30)]
+    assert configs.woq_int8_config(4, 14336, 4096).split_k == 2
+    assert cfg == configs.MM16_NARROW_PTX
+
+
+@needs_triton
+def test_dynamic_m_launches_match_float64_at_bucket_edges():
+    """Every M at a bucket boundary through the launches a symbolic M gets (gates evaluated at that M), woq-int8
+    with and without AUTO's cuBLAS range above M = 256, and dynamic-int8, against float64 (interpreter, fp16)."""
+    out = _run_python(DYNAMIC_M_SCRIPT, env={"TRITON_INTERPRET": "1"})
+    assert out.strip().endswith("ok"), out
+
+
+DYNAMIC_M_SCRIPT = """
+import torch
+from qlower.lowerings.kernels.triton import int8_ops as ops
+
+torch.manual_seed(0)
+K, N = 64, 48
+MS = (1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000)
+w = torch.randint(-128, 128, (N, K), dtype=torch.int8)
+ws, b = torch.rand(N) + 0.5, torch.randn(N).to(torch.float16)
+for dense in (0, 256):
+    for m in MS:
+        x = torch.randn(m, K, dtype=torch.float16)
+        out = ops.launch_as_dynamic(x, w, ws, bias=b, dense_above=dense)
+        r = x.double() @ w.double().T * ws.double() + b.double()
+        err = ((out.double() - r).norm() / r.norm()).item()
+        assert out.dtype == torch.float16 and out.shape == (m, N) and err < 3e-3, ("woq", dense, m, err)
+for m in MS:
+    xq, xs = torch.randint(-128, 128, (m, K), dtype=torch.int8), torch.rand(m, 1) / 127
+    out = ops.launch_as_dynamic(xq, w, ws / 127, xs, b, torch.float16)
+    r = xq.double() @ w.double().T * xs.double() * (ws / 127).double() + b.double()
+    err = ((out.double() - r).norm() / r.norm()).item()
+    assert out.dtype == torch.float16 and out.shape == (m, N) and err < 3e-3, ("dynamic_int8", m, err)
+print("ok")
+"""
 
 
 @needs_triton
@@ -233,15 +319,14 @@ def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     assert not [c for c in picks if c.swap_ab and c.num_warps > 4]
 
 
-def test_woq_large_m_takes_the_tma_tile_only_for_a_static_m():
+def test_woq_large_m_takes_the_tma_tile():
     """Static M above 256 (and M=256 at N=14336): the TMA tile that won the H200 sweep behind `configs.WOQ_TMA`;
-    dynamic M's tiled launch cannot size a persistent grid, so it keeps the pointer twin."""
+    a symbolic M's launch takes it too (its persistent grid is min(programs, tiles) times the M gate)."""
     assert configs.woq_int8_config(4096, 4096, 4096) == configs.WOQ_TMA
     assert configs.woq_int8_config(700, 2048, 5120) == configs.WOQ_TMA  # off the table: the rule
     assert configs.woq_int8_config(256, 4096, 14336).kernel == "tma"
-    for k, n in ((4096, 4096), (4096, 14336), (1000, 520)):
-        _, small, large = configs.woq_int8_dynamic_configs(k, n)
-        assert small.kernel == large.kernel == "mm" and large == configs.WOQ_TMA_FALLBACK
+    plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 4096, 4096)
+    assert plan[-1][1:] == (None, configs.WOQ_TMA), plan
 
 
 @needs_triton
@@ -518,12 +603,17 @@ def test_compile_dynamic_m_one_graph_gated_launches():
 
 
 @pytest.mark.gpu
-def test_auto_declines_dynamic_m_and_large_m():
+def test_auto_takes_dynamic_m_and_declines_a_large_static_m():
+    """AUTO: a symbolic M gets the Triton op (its ranges up to M = 256, dequant + cuBLAS above, inside the op);
+    a static M above the crossover gets dequant_mm."""
     model = WoqLinear(1000, 520, torch.bfloat16).cuda()
-    x = torch.randn(17, 1000, device="cuda", dtype=torch.bfloat16)
-    torch._dynamo.mark_dynamic(x, 0)
-    _compiled_code(model, [x])
-    assert [d.lowering for d in qlower.last_report()] == ["dequant_mm"]
+    xs = [torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16) for m in (17, 3, 300)]
+    torch._dynamo.mark_dynamic(xs[0], 0)
+    outs, code = _compiled_code(model, xs)
+    assert [d.lowering for d in qlower.last_report()] == ["triton.woq_int8_linear"]
+    assert "woq_dequant_kernel" in code and "qlinear_mm_kernel" in code and "extern_kernels.mm" in code
+    for out, x in zip(outs, xs, strict=True):
+        assert _rel(out, model.reference(x)) < 1e-2
     _compiled_code(model, [torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)])
     assert [d.lowering for d in qlower.last_report()] == ["dequant_mm"]
 

@@ -153,13 +153,10 @@ def _static_kn(rec: QuantLinear) -> str | None:
 
 
 def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
-    """AUTO only: decline where the kernel was measured slower than `other` (or where M is unknown)."""
-    if not is_static(rec.m):
-        return (
-            f"M is dynamic: above M={configs.DYNAMIC_M_SPLIT} one tiled config serves every M and loses to "
-            f"{other} at some M (kernel_preference=TRITON takes it anyway)"
-        )
-    if max_m is not None and int(rec.m) > max_m:
+    """AUTO only: decline a static M where the kernel was measured slower than `other`. A symbolic M is taken:
+    the op launches, per M bucket, the kernel a static M there gets, and (woq-int8) hands M above the crossover
+    to dequant + cuBLAS itself (`int8_ops._run`, `emit.triton_int8._dense_above`)."""
+    if is_static(rec.m) and max_m is not None and int(rec.m) > max_m:
         return f"M={int(rec.m)} > {max_m}: measured slower than {other} on H200"
     return None
 

@@ -10,7 +10,9 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish, product_dtype, scale_epilogue
-from qlower.patterns.graph_utils import known_eq, tensor_val
+from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.registry import emitting_under
+from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -51,6 +53,17 @@ def _scale_after_kernel(rec: QuantLinear) -> bool:
     return _exponent_range(rec.compute_dtype) < _exponent_range(product_dtype(rec))
 
 
+def _dense_above(rec: QuantLinear) -> int:
+    """Where a symbolic M hands over to dequant + cuBLAS inside the op: AUTO's measured crossover
+    (`configs.WOQ_INT8_MAX_M`, the M above which a static M is lowered to dequant_mm), never under an explicit
+    preference (TRITON keeps its kernels at every M), 0 for a static M (chosen at compile time)."""
+    from qlower.lowerings.kernels.triton import configs
+
+    if is_static(rec.m) or emitting_under() is not KernelPreference.AUTO:
+        return 0
+    return configs.WOQ_INT8_MAX_M or 0
+
+
 def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401  (registers the triton_ops; imports Triton)
     from qlower.lowerings.kernels.triton.inline import emit_traced
@@ -62,10 +75,12 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), scale]
     tensors += [bias] if bias is not None else []
 
+    dense_above = _dense_above(rec)
+
     def call(
         x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.ops.qlower.woq_int8_linear(x, w, s, b)
+        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above)
 
     core = emit_traced(em, call, tensors)
     core = scale_epilogue(em, rec, core) if after else core

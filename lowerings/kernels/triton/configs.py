@@ -1,15 +1,18 @@
 """Launch configurations per (M bucket, K, N), and where qlower's kernels stop winning.
 
-Pure Python (no Triton import), so `supports` can read the crossovers on machines without Triton. The table
-holds what the H200 sweep (`scripts/tune_cuda_kernels.py --sweep`) measured fastest; shapes it did not
-cover fall back to per-bucket rules. M is bucketed to the next power of two: configs are chosen at compile
-time for a static M, and for a dynamic M the op launches a skinny and a tiled kernel whose grids are gated
-by M (one of the two has an empty grid and is skipped).
+Pure Python (no Triton import), so `supports` can read the crossovers on machines without Triton. The tables
+(`WOQ_INT8_TUNED`, `DYNAMIC_INT8_TUNED`: data keyed by device name, tuned.py) hold what each device's sweep
+measured fastest, with the command that regenerates them; shapes and devices they do not cover fall back to
+per-bucket rules. M is bucketed to the next power of two: configs are chosen at compile time for a static M;
+a symbolic M gets `dynamic_plan`, one launch per M range with its grid gated by M, so each M runs the kernel a
+static M there would.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,16 @@ def tma(
     is refused: on the H200 it lost to the pointer tile at every swept point and was removed); the launcher
     falls back to `mm` where TMA's alignment rules do not hold."""
     return KernelConfig(
-        "tma", bm, bn, bk, warps, stages, group_m=group_m, swap_ab=swap, fast_cvt=fast, progs_per_sm=progs_per_sm
+        "tma",
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+        group_m=group_m,
+        swap_ab=swap,
+        fast_cvt=fast,
+        progs_per_sm=progs_per_sm,
     )
 
 
@@ -150,7 +162,7 @@ def m_bucket(m: int) -> int:
 # sweeps: `scripts/tune_cuda_kernels.py --sweep`, plus the woq M = 1 "decode" and M 4..4096 kernel sweeps
 # kept at git tag lab-archive). Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before,
 # timed in the same run.
-WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+_H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
     # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX (lab-archive BENCHMARKS.md,
     # "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)"; "was": the entry before, same run)
@@ -161,8 +173,12 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # M = 64..256: the crossover moved from 64 to 256"); the later PTX sweep moved them to swap-AB with the
     # 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 / 16.5 us), above dequant + mm
     # (26.5 / 28.7 us)
-    (128, 4096, 4096): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
-    (256, 4096, 4096): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 24.3 (was the same tile through fp32: 27.3)
+    (128, 4096, 4096): mm(
+        64, 64, 128, 4, 4, swap=True, fast=3
+    ),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
+    (256, 4096, 4096): mm(
+        128, 64, 128, 4, 4, swap=True, fast=3
+    ),  # 24.3 (was the same tile through fp32: 27.3)
     # M >= 1024 (served under an explicit TRITON preference; AUTO uses dequant + cuBLAS there) and M=256 at
     # N=14336: TMA-fed operands, 2 programs per SM (lab-archive BENCHMARKS.md, "woq-int8 with TMA-fed
     # operands"; "was": the entry before, same run)
@@ -172,14 +188,24 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     # M 4 / 16, 4096->14336: the int8-limb kernel (woq_limbs.py) held M=4 until the PTX tile beat it
     (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
     (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
-    (64, 4096, 14336): mm(64, 64, 128, 4, 4, swap=True, fast=3),  # 30.3 (was the same tile through fp32: 31.1)
+    (64, 4096, 14336): mm(
+        64, 64, 128, 4, 4, swap=True, fast=3
+    ),  # 30.3 (was the same tile through fp32: 31.1)
     # M >= 128, N = 14336: PTX entries of the PTX sweep ("was" timed in it); the TMA entries as above
     # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
     (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
     (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9)
     (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5)
-    (4096, 4096, 14336): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
-    (1, 14336, 4096): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
+    (
+        4096,
+        4096,
+        14336,
+    ): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
+    (
+        1,
+        14336,
+        4096,
+    ): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
     # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the second
     # PTX sweep. (woq_decode's "sem" split, faster in the earlier decode-kernel sweep, needs a persistent
     # zeroed counter buffer, which a functional op cannot keep.)
@@ -193,7 +219,7 @@ WOQ_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
 # (32.8 vs 31.5 us), so buckets <= 512 keep `mm`.
 TMA_LARGE_M = tma(128, 128, 128, 4, 3, progs_per_sm=2)
 TMA_MIN_BUCKET = 1024
-DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
+_H200_DYNAMIC_INT8: dict[tuple[int, int, int], KernelConfig] = {
     (1, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 9.2
     (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
     (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
@@ -214,9 +240,19 @@ DYNAMIC_INT8_TABLE: dict[tuple[int, int, int], KernelConfig] = {
     (4096, 4096, 14336): TMA_LARGE_M,  # 342.0 (mm(128, 256, 128, 8, 4): 442.7-442.8)
 }
 
-# Dynamic M (explicit TRITON preference only): the skinny kernel serves M <= DYNAMIC_M_SPLIT, the tiled one above.
-DYNAMIC_M_SPLIT = 16
-_DYNAMIC_LARGE_BUCKET = 1024
+# Regenerate: each command prints the measured winners as table entries (`TABLE (family, m, k, n): config`).
+WOQ_INT8_TUNED = TunedTable(
+    "woq_int8",
+    "python scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --out <scratch>",
+    {H200: _H200_WOQ_INT8},
+)
+DYNAMIC_INT8_TUNED = TunedTable(
+    "dynamic_int8",
+    "python scripts/tune_cuda_kernels.py --sweep --sweep-families dynamic_int8 --out <scratch>",
+    {H200: _H200_DYNAMIC_INT8},
+)
+WOQ_INT8_TABLE = _H200_WOQ_INT8  # the H200 tables by their old names (qlower.tuning, tests)
+DYNAMIC_INT8_TABLE = _H200_DYNAMIC_INT8
 
 
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
@@ -276,45 +312,60 @@ def _dynamic_rule(bucket: int, k: int, n: int) -> KernelConfig:
     return TMA_LARGE_M
 
 
-def woq_int8_config(m: int, k: int, n: int) -> KernelConfig:
-    """Static M: the table, else the decode rule (M <= 16), else the per-bucket `mm` / GEMV rule. No entry or
-    rule names a "limbs" config now (it stays for sweeps; the kernel needs K <= woq_limbs.MAX_K)."""
+def woq_int8_config(m: int, k: int, n: int, device: str | None = None) -> KernelConfig:
+    """Static M: the device's table (`device`: a name, None: the current device), else the decode rule
+    (M <= 16), else the per-bucket `mm` / GEMV rule. No entry or rule names a "limbs" config now (it stays
+    for sweeps; the kernel needs K <= woq_limbs.MAX_K)."""
     b = m_bucket(m)
-    return WOQ_INT8_TABLE.get((b, k, n)) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
+    return WOQ_INT8_TUNED.get((b, k, n), device) or _woq_decode_rule(b, k, n) or _woq_rule(b, k, n)
 
 
-def dynamic_int8_config(m: int, k: int, n: int) -> KernelConfig:
+def dynamic_int8_config(m: int, k: int, n: int, device: str | None = None) -> KernelConfig:
     b = m_bucket(m)
-    return DYNAMIC_INT8_TABLE.get((b, k, n)) or _dynamic_rule(b, k, n)
+    return DYNAMIC_INT8_TUNED.get((b, k, n), device) or _dynamic_rule(b, k, n)
 
 
-# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base, dynamic M): the best `mm`
-# (dynamic-int8; woq-int8's large-M tile).
+# What a "tma" config runs where TMA cannot (not sm_90, unaligned rows or base): the best `mm` (dynamic-int8;
+# woq-int8's large-M tile).
 TMA_FALLBACK = mm(128, 256, 128, 8, 4)
 WOQ_TMA_FALLBACK = mm(128, 128, 64, 4, 4, fast=2)
 
-
-def _no_gemv_or_split(cfg: KernelConfig, fallback: KernelConfig) -> KernelConfig:
-    """Dynamic M: one launch covers every M of its side (no per-row GEMV, no split-K epilogue, no persistent
-    grid sized from M, and no "decode" kernel: its configs were measured and chosen for a static M)."""
-    return fallback if (cfg.kernel != "mm" or cfg.split_k > 1) else cfg
+# One dynamic-M launch: rows lo..hi (hi None: no upper end) get `config`.
+MRange = tuple[int, "int | None", KernelConfig]
 
 
-def woq_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
-    small = _no_gemv_or_split(
-        woq_int8_config(DYNAMIC_M_SPLIT, k, n),
-        _woq_rule(DYNAMIC_M_SPLIT, k, n),
-    )
-    large = _no_gemv_or_split(woq_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), WOQ_TMA_FALLBACK)
-    return DYNAMIC_M_SPLIT, small, large
+def _dynamic_twin(cfg: KernelConfig, bucket: int, k: int, n: int) -> KernelConfig:
+    """What a symbolic M's launch runs for a static pick: the same config, except that split-K (its fp32
+    accumulator and cast cannot share one output with the other buckets' launches) becomes its unsplit tile;
+    at M <= 16 that is the 16-row PTX tile measured for that side of K vs N (at 14336->4096 the 64-column tile
+    unsplit ran 40 us, the 32-column 26; lab-archive BENCHMARKS.md)."""
+    if cfg.split_k == 1:
+        return cfg
+    return _mm16_ptx(k, n) if bucket <= 16 else KernelConfig(**{**cfg.__dict__, "split_k": 1})
 
 
-def dynamic_int8_dynamic_configs(k: int, n: int) -> tuple[int, KernelConfig, KernelConfig]:
-    small = _no_gemv_or_split(
-        dynamic_int8_config(DYNAMIC_M_SPLIT, k, n), _dynamic_rule(DYNAMIC_M_SPLIT, k, n)
-    )
-    large = _no_gemv_or_split(dynamic_int8_config(_DYNAMIC_LARGE_BUCKET, k, n), TMA_FALLBACK)
-    return DYNAMIC_M_SPLIT, small, large
+def dynamic_plan(
+    static_config, table: TunedTable, k: int, n: int, device: str | None = None, max_m: int | None = None
+) -> list[MRange]:
+    """A symbolic M's launches: per M bucket the config a static M in it gets (`static_config(m, k, n, device)`),
+    up to `max_m` (None: every M; the last range open-ended). Fewer launches, since each costs host time
+    outside CUDA graphs: a bucket the device's `table` did not measure takes the next measured bucket's config
+    (where any bucket of this (K, N) was measured), and consecutive buckets with one config merge."""
+    tops = [min(b, max_m) if max_m is not None else b for b in M_BUCKETS]
+    tops = sorted(set(tops))
+    measured = [t for t in tops if table.get((t, k, n), device) is not None]
+    plan: list[list] = []
+    lo = 1
+    for i, top in enumerate(tops):
+        rep = next((t for t in measured if t >= top), top)
+        cfg = _dynamic_twin(static_config(rep, k, n, device), rep, k, n)
+        end = None if (max_m is None and i == len(tops) - 1) else top
+        if plan and plan[-1][2] == cfg:
+            plan[-1][1] = end
+        else:
+            plan.append([lo, end, cfg])
+        lo = top + 1
+    return [(a, b, c) for a, b, c in plan]
 
 
 # Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next

@@ -330,3 +330,24 @@ def qlinear_mm_kernel(
         HAS_BIAS,
         SPLIT_K,
     )
+
+
+@triton.jit
+def woq_dequant_kernel(
+    w_ptr, s_ptr, out_ptr, N, K,
+    stride_wn, stride_wk, stride_s, stride_on, stride_ok,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[N, K] = (w int8 * s[N]) in out's dtype: the weight of a dynamic-M woq launcher's cuBLAS range (M above
+    the Triton kernels' crossover), built only when that range runs (its grid is gated by M)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rn[:, None] < N) & (rk[None, :] < K)
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk, mask=mask, other=0)
+    s = tl.load(s_ptr + rn * stride_s, mask=rn < N, other=0.0).to(tl.float32)
+    v = w.to(tl.float32) * s[:, None]
+    tl.store(
+        out_ptr + rn[:, None] * stride_on + rk[None, :] * stride_ok, v.to(out_ptr.dtype.element_ty), mask=mask
+    )

@@ -15,8 +15,13 @@ from torch.library import triton_op, wrap_triton
 from qlower.lowerings.kernels.triton import configs, interpreted
 from qlower.lowerings.kernels.triton.configs import KernelConfig
 from qlower.lowerings.kernels.triton.int8_hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
-from qlower.lowerings.kernels.triton.int8_kernels import qlinear_mm_kernel, woq_int8_gemv_kernel
-from qlower.lowerings.kernels.triton.launch_args import cdiv, flat, is_static
+from qlower.lowerings.kernels.triton.int8_kernels import (
+    qlinear_mm_kernel,
+    woq_dequant_kernel,
+    woq_int8_gemv_kernel,
+)
+from qlower.lowerings.kernels.triton.launch_args import cdiv, flat, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.tuned import current_device_name
 from qlower.lowerings.kernels.triton.woq_decode import woq_decode_kernel
 from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
 from qlower.lowerings.kernels.triton.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
@@ -37,7 +42,7 @@ def _launch(
     n, k = w.shape  # static (supports() requires it); a's K equals it
     if cfg.kernel == "tma":
         if _tma_unsupported(a, w, out, gate) is None:
-            _launch_tma(cfg, a, w, ws, xs, bias, out)
+            _launch_tma(cfg, a, w, ws, xs, bias, out, gate)
             return
         cfg = configs.TMA_FALLBACK if a.dtype == torch.int8 else configs.WOQ_TMA_FALLBACK
     ws1, s_ws = flat(ws)
@@ -124,13 +129,11 @@ def _aligned(x: Any) -> bool:
 
 def _tma_unsupported(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, gate: Any) -> str | None:
     """Why the TMA kernel cannot serve this launch (None: it can). TMA needs sm_90, 16-byte aligned bases and
-    row strides, unit inner strides; the persistent grid needs a static M (and no dynamic-M gate)."""
+    row strides, unit inner strides. A symbolic M is fine: the persistent grid is min(programs, tiles) * gate."""
     if a.device.type != "cuda" or torch.version.hip is not None:  # ROCm reports capability 9.x for gfx94x
         return "not an NVIDIA GPU"
     if torch.cuda.get_device_capability(a.device)[0] != 9:
         return "not an sm_90 GPU"
-    if not (is_static(a.shape[0]) and isinstance(gate, int) and gate == 1 and int(a.shape[0]) > 0):
-        return "the persistent grid needs a static, non-zero M"
     if w.dtype != torch.int8 or a.dtype not in (torch.int8, torch.bfloat16, torch.float16):
         return "an int8 weight and int8, bf16 or fp16 activations only"
     if a.stride(1) != 1 or w.stride(1) != 1 or out.stride(1) != 1:
@@ -166,10 +169,12 @@ def _launch_tma(
     xs: torch.Tensor | None,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    gate: Any = 1,
 ) -> None:
-    """The persistent TMA GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles."""
+    """The persistent TMA GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles (none at M = 0
+    or with the dynamic-M gate off)."""
     _ensure_allocator()
-    m = int(a.shape[0])
+    m = a.shape[0]
     n, k = w.shape
     ws1, s_ws = flat(ws)
     xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
@@ -177,11 +182,18 @@ def _launch_tma(
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     # 4 SMs in the interpreter
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
-    grid = (max(1, min(cfg.progs_per_sm * sms, tiles)), 1, 1)
+    programs = (
+        min(cfg.progs_per_sm * sms, tiles)
+        if is_static(tiles)
+        else torch.sym_min(cfg.progs_per_sm * sms, tiles)
+    )
+    grid = (programs * gate, 1, 1)
     if a.dtype != torch.int8:
         assert xs is None, "woq-int8 has no activation scale"
         if cfg.swap_ab:
-            raise ValueError(f"qlower: the TMA woq kernel has no swap-AB variant ({cfg}; it lost every point)")
+            raise ValueError(
+                f"qlower: the TMA woq kernel has no swap-AB variant ({cfg}; it lost every point)"
+            )
         wrap_triton(woq_mm_tma_dev_kernel)[grid](
             a, w, out, ws1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_b,
             HAS_BIAS=bias is not None, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
@@ -205,23 +217,75 @@ def _run(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     static_cfg: Any,
-    dynamic_cfgs: Any,
+    table: Any,
+    dense_above: int = 0,
+    as_dynamic: bool = False,
 ) -> torch.Tensor:
-    """Static M: the table's config for M. Dynamic M: skinny kernel for M <= split, tiled above (gated grids)."""
+    """Static M: the device table's config for M. Symbolic M: one launch per M range of `configs.dynamic_plan`
+    (each the kernel a static M there gets), its grid gated by M, so the host picks the kernel from the size
+    without a guard or a device sync (CUDA graphs capture the one that runs). `dense_above` > 0 (woq-int8 under
+    AUTO): M above it takes dequant + cuBLAS instead, as the static lowering does there. `as_dynamic`: a
+    concrete M takes the symbolic path (its gates are then 0/1 ints; tests check every bucket that way)."""
     m = a.shape[0]
     n, k = w.shape
-    if is_static(m):
-        launches = [(static_cfg(int(m), k, n), 1)]
-    else:
-        split, small, large = dynamic_cfgs(k, n)
-        on_small = torch.sym_max(0, torch.sym_min(1, split + 1 - m))  # 1 iff m <= split, without a guard
-        launches = [(small, on_small), (large, 1 - on_small)]
+    device = current_device_name(a.device)
+    if is_static(m) and not as_dynamic:
+        return _launch_all([(static_cfg(int(m), k, n, device), 1)], a, w, ws, xs, bias, out_dtype, None)
+    plan = configs.dynamic_plan(static_cfg, table, k, n, device, max_m=dense_above or None)
+    launches = [(cfg, g) for lo, hi, cfg in plan if (g := m_range_gate(m, lo, hi)) is not None]
+    dense = _dense_above(a, w, ws, bias, out_dtype, dense_above) if dense_above else None
+    return _launch_all(launches, a, w, ws, xs, bias, out_dtype, dense)
+
+
+def _dense_above(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    above: int,
+) -> torch.Tensor:
+    """The output of cuBLAS on the dequantized weight where M > `above`; where M <= above, the same GEMM with K
+    gated to 0 (no weight built, no GEMM: cuBLAS only fills the output, which the Triton launches then write).
+    The scale is folded into the bf16/fp16 weight (one rounding of w * s per element)."""
+    m = a.shape[0]
+    n, k = w.shape
+    g = m_range_gate(m, above + 1, None)
+    if g is None:
+        g = 0
+    kg = k * g
+    wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
+    ws1, s_ws = flat(ws)
+    bn, bk = 32, 128
+    wrap_triton(woq_dequant_kernel)[(cdiv(n, bn) * g, cdiv(k, bk), 1)](
+        w, ws1, wd, n, k, w.stride(0), w.stride(1), s_ws, k, 1, BLOCK_N=bn, BLOCK_K=bk, num_warps=4
+    )
+    a_k = a.narrow(1, 0, kg)
+    out = torch.mm(a_k, wd.t()) if bias is None else torch.addmm(bias.to(a.dtype), a_k, wd.t())
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+def _launch_all(
+    launches: list[tuple[KernelConfig, Any]],
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Run the launches into `out` (None: a new [M, N] buffer; fp32 and zeroed, then cast, for split-K)."""
+    m = a.shape[0]
+    n = w.shape[0]
     if any(cfg.split_k > 1 for cfg, _ in launches):
+        assert out is None and len(launches) == 1, "split-K: one static launch into its own accumulator"
         acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         for cfg, gate in launches:
             _launch(cfg, a, w, ws, xs, bias, acc, gate)
         return acc.to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     for cfg, gate in launches:
         _launch(cfg, a, w, ws, xs, bias, out, gate)
     return out
@@ -229,10 +293,13 @@ def _run(
 
 @triton_op("qlower::woq_int8_linear", mutates_args=())
 def woq_int8_linear(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, dense_above: int = 0
 ) -> torch.Tensor:
-    """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype."""
-    return _run(x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.woq_int8_dynamic_configs)
+    """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype.
+    `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels."""
+    return _run(
+        x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.WOQ_INT8_TUNED, dense_above
+    )
 
 
 @triton_op("qlower::int8_dynamic_linear", mutates_args=())
@@ -253,7 +320,7 @@ def int8_dynamic_linear(
         bias,
         out_dtype,
         configs.dynamic_int8_config,
-        configs.dynamic_int8_dynamic_configs,
+        configs.DYNAMIC_INT8_TUNED,
     )
 
 
@@ -267,4 +334,22 @@ def launch_config(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Eager launch with an explicit config (tuning sweeps and kernel tests)."""
-    return _run(a, w, ws, xs, bias, out_dtype or a.dtype, lambda *_: cfg, None)
+    return _launch_all([(cfg, 1)], a, w, ws, xs, bias, out_dtype or a.dtype, None)
+
+
+def launch_as_dynamic(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    dense_above: int = 0,
+) -> torch.Tensor:
+    """Eager run of the launches a symbolic M gets (woq-int8 for float `a`, dynamic-int8 for int8 `a`), at
+    this concrete M: every gate is 0 or 1, so tests can check that each M meets exactly one right kernel."""
+    if a.dtype == torch.int8:
+        static_cfg, table = configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED
+    else:
+        static_cfg, table = configs.woq_int8_config, configs.WOQ_INT8_TUNED
+    return _run(a, w, ws, xs, bias, out_dtype or a.dtype, static_cfg, table, dense_above, as_dynamic=True)

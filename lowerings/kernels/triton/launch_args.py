@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def cdiv(a: Any, b: int) -> Any:
@@ -16,6 +17,24 @@ def cdiv(a: Any, b: int) -> Any:
 def is_static(x: Any) -> bool:
     """An int, or a SymInt that tracing has specialized to a constant."""
     return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
+
+
+def m_range_gate(m: Any, lo: int, hi: int | None) -> Any:
+    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0.
+
+    A dynamic-M launcher multiplies one launch's grid by it, so exactly one bucket's kernel runs, chosen on the
+    host from the size (no device sync; capturable in CUDA graphs). "m > 1" is never taken as proof: tracing
+    assumes a symbolic size >= 2 (0/1 specialization), yet the graph also runs at M = 1 where nothing recompiles
+    (AOTInductor). Pruning the M == 1 bucket on that assumption left M = 1 with no launch at all (an unwritten
+    output, seen on the H200 through AOTInductor;
+    tests/test_mx_triton_interp.py::test_dynamic_m_buckets_cover_m1_under_the_size_assumption).
+    """
+    if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
+        return None
+    g = torch.sym_max(0, torch.sym_min(1, m - lo + 1))
+    if hi is not None:
+        g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
+    return g
 
 
 def flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -198,8 +198,6 @@ def _load_w(w_ptr, rn3, n_mask, kw3, lim, stride_wn, CHECK_K: tl.constexpr, EVIC
         return tl.load(ptrs, mask=mask, other=0)
 
 
-
-
 @triton.jit
 def mx_splitk_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, M, N, SPLIT,
@@ -333,10 +331,6 @@ def as_words(w: torch.Tensor) -> Optional[torch.Tensor]:
     if w.dim() != 2 or w.stride(1) != 1 or w.shape[1] % 4 or w.stride(0) % 4 or w.storage_offset() % 4:
         return None
     return w.view(torch.int32)
-
-
-
-
 
 
 __all__ = [

@@ -43,7 +43,12 @@ def _asm_e2m1() -> str:
     lines = ["{", ".reg .b32 t, ve, vo, p0, p1, p2, p3, a;", ".reg .b16 lo, hi, h;"]
     lines += ["shl.b32 t, $1, 3;", "lop3.b32 ve, t, $1, 0x40404040, 0xE4;"]  # (c & a) | (~c & b)
     lines += ["shr.b32 t, $1, 3;", "lop3.b32 vo, t, $1, 0x0E0E0E0E, 0xE4;"]
-    lines += ["shl.b32 p0, ve, 9;", f"and.b32 p0, p0, {mask};", "shl.b32 p1, vo, 8;", f"and.b32 p1, p1, {mask};"]
+    lines += [
+        "shl.b32 p0, ve, 9;",
+        f"and.b32 p0, p0, {mask};",
+        "shl.b32 p1, vo, 8;",
+        f"and.b32 p1, p1, {mask};",
+    ]
     lines += ["shl.b32 p2, ve, 1;", f"and.b32 p2, p2, {mask};", f"and.b32 p3, vo, {mask};"]
     lines += ["mul.rn.f16x2 a, p0, $2;", "fma.rn.f16x2 a, p1, $3, a;", "fma.rn.f16x2 a, p2, $4, a;"]
     lines += ["fma.rn.f16x2 a, p3, $5, a;"]

@@ -17,11 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import interpreted
-from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static
+from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 from qlower.lowerings.kernels.triton.mx_launch import launch_decode
@@ -187,20 +186,7 @@ def _decode_words(a: torch.Tensor, w: torch.Tensor, a_fmt: int, w_fmt: int) -> O
     return as_words(w)
 
 
-def _gate(m: Any, lo: int, hi: Optional[int]) -> Any:
-    """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0.
-
-    "m > 1" is never taken as proof: tracing assumes a symbolic size >= 2 (0/1 specialization), yet the
-    graph also runs at M = 1 where nothing recompiles (AOTInductor). Pruning the M == 1 bucket on that
-    assumption left M = 1 with no launch at all (an unwritten output, seen on the H200 through AOTInductor;
-    tests/test_mx_triton_interp.py::test_dynamic_m_buckets_cover_m1_under_the_size_assumption).
-    """
-    if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
-        return None
-    g = torch.sym_max(0, torch.sym_min(1, m - lo + 1))
-    if hi is not None:
-        g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
-    return g
+_gate = m_range_gate  # the bucket gate (launch_args.py), by the name tests use
 
 
 def _scale_args(s: Optional[torch.Tensor], swizzled: bool, k: int) -> tuple[Any, int, int, int]:
