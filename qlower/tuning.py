@@ -1,7 +1,8 @@
 """The knobs of qlower's Triton kernels, for the sweeps that choose their committed tables.
 
 `scripts/tune_cuda_kernels.py --sweep` times `gemv`/`mm` configs of the int8 kernels and prints the winners that
-`WOQ_INT8_TABLE` / `DYNAMIC_INT8_TABLE` hold; `scripts/bench_mx.py --sweep` does the same for the MX kernels.
+`WOQ_INT8_TUNED` / `DYNAMIC_INT8_TUNED` hold for the device it ran on (tables keyed by device name, each with its
+`regenerate` command); `scripts/bench_mx.py --sweep` does the same for the MX kernels (`MX_DECODE_TUNED`).
 Importing this module imports Triton.
 """
 
@@ -19,14 +20,19 @@ mm = _configs.mm
 m_bucket = _configs.m_bucket
 woq_int8_config = _configs.woq_int8_config
 dynamic_int8_config = _configs.dynamic_int8_config
-WOQ_INT8_TABLE = _configs.WOQ_INT8_TABLE
+WOQ_INT8_TUNED = _configs.WOQ_INT8_TUNED
+DYNAMIC_INT8_TUNED = _configs.DYNAMIC_INT8_TUNED
+WOQ_INT8_TABLE = _configs.WOQ_INT8_TABLE  # the H200 entries of the two above
 DYNAMIC_INT8_TABLE = _configs.DYNAMIC_INT8_TABLE
+dynamic_plan = _configs.dynamic_plan
+launch_int8_as_dynamic = _int8_ops.launch_as_dynamic
 launch_int8_config = _int8_ops.launch_config
 
 # MX kernels
 MXConfig = _mx_ops.MXConfig
 MX_ELEM_CODE = _mx_ops.ELEM_CODE
 launch_mx_config = _mx_ops.launch_config
+MX_DECODE_TUNED = _mx_ops.DECODE_TUNED
 pick_mx_config = _mx_ops.pick_config
 
 
@@ -39,11 +45,16 @@ def set_mx_default(name: str, cfg: Any) -> None:
 
 __all__ = [
     "DYNAMIC_INT8_TABLE",
+    "DYNAMIC_INT8_TUNED",
     "MXConfig",
+    "MX_DECODE_TUNED",
     "MX_ELEM_CODE",
     "WOQ_INT8_TABLE",
+    "WOQ_INT8_TUNED",
     "dynamic_int8_config",
+    "dynamic_plan",
     "gemv",
+    "launch_int8_as_dynamic",
     "launch_int8_config",
     "launch_mx_config",
     "m_bucket",

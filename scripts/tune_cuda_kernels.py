@@ -131,7 +131,7 @@ def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: lis
     from qlower import tuning
 
     for family in families:
-        table = tuning.WOQ_INT8_TABLE if family == "woq_int8" else tuning.DYNAMIC_INT8_TABLE
+        table = (tuning.WOQ_INT8_TUNED if family == "woq_int8" else tuning.DYNAMIC_INT8_TUNED).writable()
         for k, n in SHAPES_KN:
             for m in ms:
                 if time.time() > deadline:

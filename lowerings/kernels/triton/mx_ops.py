@@ -24,6 +24,7 @@ from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static, m_range
 from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 from qlower.lowerings.kernels.triton.mx_launch import launch_decode
+from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 
@@ -141,13 +142,15 @@ HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
 }
 _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
 # The measured points, (w_fmt, M bucket's upper end, K, N) -> config; what the rules give for them too
-# (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps.
+# (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps. Keyed by device in
+# DECODE_TUNED (tuned.py).
 DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
     **{(f, 1, k, n): _m1(f, (n > k) - (n < k)) for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
 }  # fmt: skip
+DECODE_TUNED = TunedTable("mx", "python scripts/bench_mx.py --sweep --out <scratch>", {H200: DECODE_TABLE})
 # Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
 _BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
@@ -166,11 +169,13 @@ def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     return DEC_MM_FP4 if w_fmt == E2M1 else DEC_MM_FP8
 
 
-def pick_decode(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
-    """`DECODE_TABLE` at a measured point, else `decode_rule`; BITS-decoded under TRITON_INTERPRET."""
+def pick_decode(m: int, w_fmt: int, k: int, n: int, device: Optional[str] = None) -> Optional[DecodeConfig]:
+    """The device's table (`DECODE_TUNED`; `device` a name, None: the current one) at a measured point, else
+    `decode_rule`; BITS-decoded under TRITON_INTERPRET."""
     bucket = m if m <= 2 else 4 if m <= 4 else DECODE_MAX_M
     key = (w_fmt, bucket, k, n)
-    cfg = DECODE_TABLE[key] if key in DECODE_TABLE and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
+    table = DECODE_TUNED.entries(device)
+    cfg = table[key] if key in table and 1 <= m <= DECODE_MAX_M else decode_rule(m, w_fmt, k, n)
     if cfg is not None and interpreted():
         cfg = replace(cfg, decode=BITS)
     return cfg

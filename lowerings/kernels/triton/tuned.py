@@ -28,6 +28,11 @@ class TunedTable:
         """The table of `device` (a name; None: the current one), empty where nothing was measured."""
         return self.by_device.get(device if device is not None else current_device_name(), {})
 
+    def writable(self, device: str | None = None) -> dict[Hashable, Any]:
+        """The table of `device` to install sweep winners into, for the rest of this process (created if new)."""
+        name = device if device is not None else current_device_name()
+        return self.by_device.setdefault(name, {})  # type: ignore[attr-defined]
+
     def get(self, key: Hashable, device: str | None = None) -> Any:
         return self.entries(device).get(key)
 
