@@ -1,6 +1,7 @@
 """Benchmark one quantized-linear family side by side: bf16 F.linear, stock torch.compile, baselines, qlower.
 
     python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out DIR]
+                            [--dynamic]   (adds qlower compiled once with a symbolic M, next to the static compiles)
 
 Writes <out>/<family>_<device>.md (the table), .json (every measurement) and .png (speedup vs M; needs
 matplotlib, which the `test` and `bench` extras install: `pip install -e '.[test]'`; without it the plot is
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -192,7 +193,25 @@ def compiled(fn: Callable, mode: str | None, family: str) -> Callable:
         return torch.compile(fn, dynamic=False)
     if mode == "qlower":
         return torch.compile(fn, dynamic=False, options=qlower.inductor_options(families=(family,)))
+    if mode == "qlower_dynamic":  # one compile for every M > 1 (M = 1 specializes, as in any model)
+        cf = torch.compile(fn, options=qlower.inductor_options(families=(family,)))
+
+        def call(x: torch.Tensor, weights: Any) -> Any:
+            xv = x.view(x.shape)  # the mark stays on this view, not on the tensor the static variants see
+            if xv.shape[1] > 1:
+                torch._dynamo.mark_dynamic(xv, 1)
+            return cf(xv, weights)
+
+        return call
     raise ValueError(f"bench: unknown variant mode {mode!r}")
+
+
+def with_dynamic_variant(mod: ModuleType) -> Any:
+    """The family module with one more variant, "qlower_dynamic": qlower compiled once per (K, N) with a
+    symbolic M (what automatic dynamic shapes, `dynamic=True` and export `Dim`s give), reused at every M."""
+    ns = SimpleNamespace(**vars(mod))
+    ns.VARIANTS = {**mod.VARIANTS, "qlower_dynamic": (mod.VARIANTS["qlower"][0], "qlower_dynamic")}
+    return ns
 
 
 def time_cpu(
@@ -306,7 +325,7 @@ def run_kn(
             y = fns[name](x, sets[0])  # compiles the compiled variants for this shape
             fns[name](x, sets[1 % rotate])  # warm-up
             res = row[name] = Result(m, k, n, name, 0.0)
-            if mode == "qlower":
+            if mode in ("qlower", "qlower_dynamic"):
                 res.lowering, ok = lowering_summary()
                 if not ok:
                     failures.append(f"M={m} K={k} N={n}: qlower {res.lowering}")
@@ -362,7 +381,8 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
     by_shape: dict[tuple[int, int, int], dict[str, Result]] = {}
     for r in results:
         by_shape.setdefault((r.m, r.k, r.n), {})[r.variant] = r
-    alts = [v for v in names if v not in ("bf16", "qlower")]
+    alts = [v for v in names if v not in ("bf16", "qlower", "qlower_dynamic")]
+    dyn = "qlower_dynamic" in names
     head = [
         "M",
         "K→N",
@@ -372,6 +392,7 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
         "vs stock",
         "vs best of " + "/".join(alts),
         "floor",
+        *(["dynamic M vs static"] if dyn else []),
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (m, k, n), row in sorted(by_shape.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
@@ -394,6 +415,8 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
             f"{best_alt / q:.2f}×",
             f"{100 * floor_s / q:.0f}%",
         ]
+        if dyn:
+            cells.append(f"{q / t['qlower_dynamic']:.2f}×" if "qlower_dynamic" in t else "—")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -470,6 +493,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
         "--rotate", type=int, default=None, help="weight sets cycled through (default: cuda 8, cpu 4)"
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU; default: torch's)")
+    p.add_argument(
+        "--dynamic", action="store_true", help="also qlower compiled once with a symbolic M (qlower_dynamic)"
+    )
     p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="memory bandwidth for the floor, GB/s")
     p.add_argument(
@@ -549,6 +575,8 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
 def main(argv: Iterable[str] | None = None) -> int:
     args = parse_args(argv)
     mod = load_family(args.family)
+    if args.dynamic:
+        mod = with_dynamic_variant(mod)
     if args.replot:  # redraw the table and plot of an earlier run, e.g. after editing the plot code
         data = json.loads(Path(args.replot).read_text())
         meta, results, failures = data["meta"], [Result(**r) for r in data["results"]], []
