@@ -11,6 +11,9 @@ The same holds for `F.linear` on a 3-D activation that is not viewable as [B*S, 
 with stride 0): Inductor's decomposition then multiplies `bmm(x, w2d.expand(B, K, N))`, one 2-D weight shared by
 every batch entry. That is `mm(x.reshape(B*S, K), w2d)` viewed back to [B, S, N] (`shared_weight_bmm_to_mm`).
 
+Export's `aten._assert_tensor_metadata` checks go first (`drop_metadata_asserts`): no-ops to Inductor, but
+extra users in the middle of the chains the recognizers walk.
+
 Layout chains are followed through view / reshape / unsqueeze / squeeze and permutes. A chain is a pure
 reshape when no permute reorders dimensions of size other than 1; the weight side may also swap its two
 non-unit dimensions (the `nk` spelling: w transposed).
@@ -23,7 +26,7 @@ from typing import Any
 from torch import fx
 
 from qlower.lowerings.emit.common import Emitter
-from qlower.patterns.graph_utils import aten, is_call, known_eq, prims, tensor_val
+from qlower.patterns.graph_utils import aten, is_call, is_static, known_eq, prims, tensor_val
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _UNIT_DIM_OPS = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -200,14 +203,16 @@ def _shared_weight_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     w2d = _expanded_2d(b)
     if w2d is None or av is None or bv is None or len(av) != 3:
         return False
-    # the activation's [B, S, K] shape arguments (symbols included) are reused for the 2-D and output views
-    if not (is_call(a, _VIEWS) and len(a.args[1]) == 3):
-        return False
-    batch, rows, k = list(a.args[1])
     n = b.args[1][2] if is_call(b, _VIEWS) and len(b.args[1]) == 3 else bv[2]
     if not isinstance(n, (int, fx.Node)):
         return False
     em = Emitter(graph, bmm, mark=False)  # the recognizers must see these nodes
+    # the activation's [B, S, K] shape arguments (symbols included) are reused for the 2-D and output views;
+    # an activation without them (a graph input, say) has its sizes read where they are symbolic
+    if is_call(a, _VIEWS) and len(a.args[1]) == 3:
+        batch, rows, k = list(a.args[1])
+    else:
+        batch, rows, k = (s if is_static(s) else em.call(aten.sym_size.int, a, i) for i, s in enumerate(av))
     x2d = em.call(aten.reshape.default, a, [-1, k])  # a copy where x is not viewable (what bmm read)
     mm = em.call(aten.mm.default, x2d, w2d)
     bmm.replace_all_uses_with(em.call(aten.reshape.default, mm, [batch, rows, n]))
@@ -244,8 +249,25 @@ def _convert_above_expand(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
+def drop_metadata_asserts(graph: fx.Graph) -> int:
+    """Erase every `aten._assert_tensor_metadata` node; returns how many.
+
+    `torch.export` keeps one after each `.to(...)` of the model (torchao's quantized linears have several),
+    and there they are extra users of the matmul and its epilogue: a recognizer's single-user walk stops at
+    them (torchao's dynamic int8 under export was left alone, "no per-token activation scale",
+    tests/test_torchao_export.py). They check dtype / device / layout that the graph's fake values already
+    fix, Inductor lowers them to nothing (`torch/_inductor/lowering.py`) and its post-grad `remove_assert_ops`
+    erases them all anyway; doing it first changes no value.
+    """
+    asserts = list(graph.find_nodes(op="call_function", target=aten._assert_tensor_metadata.default))
+    for node in asserts:
+        graph.erase_node(node)
+    return len(asserts)
+
+
 def canonicalize(graph: fx.Graph) -> int:
     """Every rewrite of this module, in order; returns how many `bmm`s became `mm`."""
+    drop_metadata_asserts(graph)
     converts_above_expands(graph)
     return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph)
 

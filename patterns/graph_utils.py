@@ -188,9 +188,10 @@ class MatmulSite:
 def matmul_site(node: Any) -> MatmulSite | None:
     """`mm`, `addmm` (beta = alpha = 1), or the matrix-vector form `(x[:, :, None] * w[None]).sum(1)`.
 
-    The last one is what Inductor's `mm` decomposition emits for M == 1 (or N == 1) on GPUs when
-    `coordinate_descent_tuning` is on, which torchao's `quantize_` switches on process-wide; with bf16/fp16
-    inputs it is wrapped in fp32 converts (`pw_cast_for_opmath`).
+    The last one is what Inductor's `mm` decomposition (torch/_inductor/decomposition.py, torch 2.11 and
+    2.13 alike) emits for a statically known M == 1 (or N == 1) on devices other than CPU / MPS when
+    `coordinate_descent_tuning` is on, which torchao's `quantize_` switches on process-wide; it is
+    `pw_cast_for_opmath`, so with bf16/fp16 inputs both operands are upcast to fp32 and the sum is cast back.
     """
     if is_call(node, (aten.mm.default,)):
         x, w = node.args[:2]
@@ -200,7 +201,24 @@ def matmul_site(node: Any) -> MatmulSite | None:
             return None
         bias, x, w = node.args[:3]
         return MatmulSite("addmm", node, x, w, bias, (node,)) if isinstance(w, fx.Node) else None
+    if is_call(node, (aten.sum.dim_IntList,)) and has_single_user(node):
+        if _decomposed_matvec(next(iter(node.users))) is not None:
+            return None  # the sum of an upcast matvec: the convert after it is the site (one record, not two)
     return _decomposed_matvec(node)
+
+
+_OPMATH = torch.float32  # what `pw_cast_for_opmath` computes bf16 / fp16 in
+_WIDE = (torch.float32, torch.float64)  # product dtypes whose matvec is an mm: no product rounded to 16 bits
+_UPCAST_EXACT = (torch.bfloat16, torch.float16)  # every value, inf / nan / subnormals too, is an fp32 value
+
+
+def _upcast_source(node: Any, dtype: torch.dtype) -> fx.Node | None:
+    """The `dtype` tensor that `node` upcasts to fp32 exactly, or None."""
+    if dtype not in _UPCAST_EXACT or convert_target_dtype(node) != _OPMATH:
+        return None
+    src = node.args[0]
+    v = tensor_val(src)
+    return src if v is not None and v.dtype == dtype else None
 
 
 def _decomposed_matvec(node: Any) -> MatmulSite | None:
@@ -223,16 +241,21 @@ def _decomposed_matvec(node: Any) -> MatmulSite | None:
     if a.args[1] not in (2, -1) or b.args[1] != 0:
         return None
     xa, wb = a.args[0], b.args[0]
-    xv, wv, ov = tensor_val(xa), tensor_val(wb), tensor_val(out)
-    if xv is None or wv is None or ov is None or xv.dim() != 2 or wv.dim() != 2 or ov.dim() != 2:
+    xv, wv, tv, ov = tensor_val(xa), tensor_val(wb), tensor_val(total), tensor_val(out)
+    if xv is None or wv is None or tv is None or ov is None or not xv.dim() == wv.dim() == ov.dim() == 2:
         return None
+    if not xv.dtype == wv.dtype == tv.dtype or tv.dtype not in _WIDE:
+        return None  # mixed operands, or products rounded to 16 bits: no mm (Inductor's matvec is fp32)
     nodes = [out, total, prod, a, b] if out is not total else [total, prod, a, b]
     x = xa
-    if xv.dtype != ov.dtype:  # the fp32 upcast of a bf16/fp16 activation: use the activation itself
-        if convert_target_dtype(xa) is None or tensor_val(xa.args[0]) is None:
+    if xv.dtype != ov.dtype:
+        # `pw_cast_for_opmath` of a bf16/fp16 mm: x and w exactly upcast from ov's dtype, the fp32 sum cast back.
+        # That is the mm of the un-cast operands: fp32 products of bf16/fp16 values are exact (fp16 always;
+        # bf16 within fp32's exponent range, which is also where an mm multiplies), and the fp32 accumulation
+        # and one rounding are what mm does. So the site's x is the activation itself. Anything else (an fp32
+        # matvec whose result the model casts down, say) is the site of its `sum`.
+        x = _upcast_source(xa, ov.dtype)
+        if x is None or _upcast_source(wb, ov.dtype) is None:
             return None
-        if tensor_val(xa.args[0]).dtype != ov.dtype:
-            return None
-        x = xa.args[0]
         nodes.append(xa)
     return MatmulSite("matvec", out, x, wb, None, tuple(nodes))

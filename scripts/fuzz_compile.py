@@ -59,6 +59,12 @@ case as drawn. The others each target one defect class, with several spellings, 
   (`nan_to_num`), the fp4 table a module buffer (the e2m1 values, or NF4's codebook), fp4 packed high nibble
   first — over data holding scale codes 0 and 255, NaN encodings and every fp4 byte; and the spec's own decode
   over NaN / Inf fp8 elements and code 255 (`spec_codes`: lowered, its NaN / Inf outputs where eager has them).
+- `matvec` (woq, MX): M = 1 in the matrix-vector form Inductor's `mm` decomposition leaves on GPUs once
+  `coordinate_descent_tuning` is on (torchao's `quantize_` turns it on): both operands upcast to fp32, the
+  broadcast product summed over K, cast back. `matvec=decomposed` (CUDA) compiles the case's own form with
+  that setting on; `matvec=hand` (woq, any device: CPU Inductor never decomposes) is torchao
+  `Int8WeightOnlyConfig`'s linear (`mm(x, w.t().to(dt)) * s.to(dt).flatten()`, s fp32 [N, 1]) written in that
+  form, so the CPU checks the numbers of what the recognizer makes of it. MX on CPU is its plain form at M = 1.
 The tolerance of woq and MX is max(the relative bound above, 2x eager's own error): an fp16 dequantization
 that rounds subnormal weights is the user's formula, not a qlower failure.
 
@@ -165,6 +171,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "training": (FAMILIES, 8),
     "weight_write": (FAMILIES, 10),
     "mx_special": (("mx",), 12),
+    "matvec": (("woq_int8", "mx"), 8),
 }
 HEAD_DIMS = (2, 4, 8, 16, 32, 64, 128)
 EPILOGUES = (
@@ -189,6 +196,24 @@ WRITE_APIS = (
 WRITE_TARGETS = {"woq_int8": ("w", "s"), "dynamic_int8": ("q", "s"), "mx": ("q", "e")}  # (weight, its scale)
 PREPACK_SHAPES = ((2048, 2048), (4096, 1024), (1024, 4096))  # (K, N): K*N = 2^22, the cached qlinear's floor
 MX_EXTREMES = (("fp32_matmul", "large"), ("f16_dequant", "large"), ("f16_dequant", "tiny"))
+
+
+# ------------------------------------------------------------------------------------------ models (woq)
+class WoqTorchaoMatvec(WoqLinear):
+    """torchao `Int8WeightOnlyConfig`'s linear (`mm(x2d, w.t().to(dt)) * s.to(dt).flatten()`, s fp32 [N, 1])
+    at M = 1, written as Inductor's `mm` decomposition leaves it on a GPU with `coordinate_descent_tuning`:
+    x and w upcast to fp32, the broadcast product summed over K, cast back (`pw_cast_for_opmath`)."""
+
+    def __init__(self, k: int, n: int, dtype: torch.dtype, bias: bool = False, seed: int = 0) -> None:
+        super().__init__(k, n, dtype, "gpt_fast", bias, torch.float32, seed)
+        self.s = nn.Parameter(self.s.detach().reshape(n, 1), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        wt = self.w.t().to(x.dtype)
+        y = (x2.float().unsqueeze(2) * wt.float().unsqueeze(0)).sum(1).to(x.dtype)
+        y = (y * self.s.to(y.dtype).flatten()).reshape(*x.shape[:-1], y.shape[-1])
+        return y if self.b is None else y + self.b
 
 
 # ------------------------------------------------------------------------------------------ models (MX)
@@ -470,6 +495,16 @@ def _draw_mx_special(rng: random.Random, c: Case) -> None:
     c.bias = rng.random() < 0.5
 
 
+def _draw_matvec(rng: random.Random, c: Case) -> None:
+    c.m, c.dynamic, c.m2 = 1, False, None  # Inductor decomposes only an mm whose M is statically 1
+    c.batch = rng.choice((None, 1))
+    hand = c.family == "woq_int8" and (c.device != "cuda" or rng.random() < 0.5)
+    c.extra["matvec"] = "hand" if hand else "decomposed"
+    if hand:
+        c.form = "torchao_matvec"
+        c.extra.pop("scale_dtype", None)  # torchao's scale is fp32 [N, 1]
+
+
 VARIANT_DRAWS: dict[str, Callable[[random.Random, Case], None]] = {
     "view_epilogue": _draw_view_epilogue,
     "expanded_scale": _draw_expanded_scale,
@@ -477,6 +512,7 @@ VARIANT_DRAWS: dict[str, Callable[[random.Random, Case], None]] = {
     "training": _draw_training,
     "weight_write": _draw_weight_write,
     "mx_special": _draw_mx_special,
+    "matvec": _draw_matvec,
 }
 
 
@@ -524,6 +560,8 @@ def _base_model(case: Case) -> nn.Module:
             return woq_models.WoqHeads(case.k, *_heads(case), dtype, ex["split"], case.bias, sdt, s)
         if case.form == "expand":
             return woq_models.WoqExpandScale(case.k, case.n, dtype, ex["scale"], case.bias, sdt, s)
+        if case.form == "torchao_matvec":
+            return WoqTorchaoMatvec(case.k, case.n, dtype, case.bias, s)
         if "scales" in ex:
             return woq_models.WoqExtremeScale(
                 case.k, case.n, dtype, case.form, ex["scales"], case.bias, sdt, s
@@ -1065,13 +1103,21 @@ def _judge(case: Case, model: nn.Module, obs: list[Obs]) -> tuple[str, list[dict
 
 @contextlib.contextmanager
 def _case_env(case: Case):
-    """The environment a case asks for (`isa`: QLOWER_CPU_INT8_ISA), restored afterwards."""
+    """The environment a case asks for (`isa`: QLOWER_CPU_INT8_ISA; `matvec=decomposed`: Inductor's
+    `coordinate_descent_tuning`, which decomposes an M = 1 mm on GPUs), restored afterwards."""
     isa = case.extra.get("isa")
     saved = os.environ.get("QLOWER_CPU_INT8_ISA")
     if isa:
         os.environ["QLOWER_CPU_INT8_ISA"] = isa
+    decompose = case.extra.get("matvec") == "decomposed"
+    tuning = (
+        torch._inductor.config.patch(coordinate_descent_tuning=True)
+        if decompose
+        else contextlib.nullcontext()
+    )
     try:
-        yield
+        with tuning:
+            yield
     finally:
         if isa:
             if saved is None:

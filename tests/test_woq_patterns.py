@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import expecttest
+import pytest
 import torch
+import torch.nn.functional as F
+from torch._inductor.decomposition import select_decomp_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from woq_models import WoqLinear
 
 import qlower
+from qlower.patterns import woq_int8
+from qlower.patterns.graph_utils import tensor_val
+from qlower.patterns.record import QuantLinear
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
 
 BF16 = torch.bfloat16
@@ -216,3 +224,122 @@ class TestNotCandidates(expecttest.TestCase):
 
         _, report = lowered(per_k, torch.randn(4, 64, dtype=BF16))
         self.assertIn("per output channel", report.entries[0].reason)
+
+
+# ------------------------------------------------------------------ M = 1 on CUDA: the decomposed matvec
+# With `coordinate_descent_tuning` on (torchao's `quantize_` turns it on process-wide), Inductor's `mm`
+# decomposition turns a CUDA mm with M == 1 into `(x[:, :, None] * w[None]).sum(1)`, upcast to fp32 and cast
+# back (`pw_cast_for_opmath`). Graphs are traced with fake CUDA tensors: no GPU needed.
+
+
+def _fake_cuda_trace(fn, *tensors: torch.Tensor, coordinate_descent: bool = True) -> torch.fx.GraphModule:
+    """`fn` traced as Inductor's decompositions leave it, every tensor a fake CUDA copy of `tensors`'s."""
+    with torch._inductor.config.patch(coordinate_descent_tuning=coordinate_descent), FakeTensorMode():
+        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
+        return make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
+
+
+def _torchao_woq(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.fx.GraphModule:
+    """torchao `Int8WeightOnlyConfig`'s linear on [1, m, k], its Int8Tensor rebuilt from fake CUDA parts as
+    AOTAutograd does (`__tensor_unflatten__`), so the graph is torchao's own dispatch."""
+    ao = pytest.importorskip("torchao.quantization")
+    lin = torch.nn.Linear(k, n, bias=False, dtype=dtype)
+    ao.quantize_(lin, ao.Int8WeightOnlyConfig())
+    names, ctx = lin.weight.__tensor_flatten__()
+    parts = [getattr(lin.weight, name) for name in names]
+
+    def f(x, *inner):
+        w = type(lin.weight).__tensor_unflatten__(dict(zip(names, inner, strict=True)), ctx, None, None)
+        return F.linear(x, w)
+
+    return _fake_cuda_trace(f, torch.empty(1, m, k, dtype=dtype), *parts)
+
+
+def _gpt_fast(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.fx.GraphModule:
+    def f(x, w, s):
+        return F.linear(x, w.to(x.dtype)) * s
+
+    w, s = torch.empty(n, k, dtype=torch.int8), torch.empty(n, dtype=dtype)
+    return _fake_cuda_trace(f, torch.empty(m, k, dtype=dtype), w, s)
+
+
+def _record(gm: torch.fx.GraphModule) -> QuantLinear:
+    (rec,) = woq_int8.find(gm.graph)
+    assert isinstance(rec, QuantLinear), rec
+    return rec
+
+
+def _facts(rec: QuantLinear) -> dict:
+    """What a lowering reads from a record, node identities aside."""
+    scale = tensor_val(rec.weight_scale)
+    return dict(
+        x=(tensor_val(rec.x).dtype, tensor_val(rec.x).dim(), tensor_val(rec.x).shape[1]),
+        weight=(tensor_val(rec.weight).dtype, tuple(tensor_val(rec.weight).shape), rec.weight_layout),
+        scale=None if scale is None else (scale.dtype, tuple(scale.shape)),
+        bias=rec.bias,
+        dtypes=(rec.compute_dtype, rec.out_dtype),
+        kn=(rec.k, rec.n),
+        nd=rec.out_shape is not None,
+        form=rec.form.split("+", 1)[1],
+        details=rec.details,
+    )
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("build", [_torchao_woq, _gpt_fast], ids=["torchao", "gpt_fast"])
+def test_decomposed_matvec_is_the_record_of_the_mm(build, dtype):
+    """M = 1 (the decomposed matvec, x upcast to fp32) gives the record M = 2 (an mm) gives: x in its own
+    dtype, the scale multiply after the fp32 -> dtype cast absorbed, one record (not one per sum and cast)."""
+    one, two = build(1, dtype), build(2, dtype)
+    assert "aten.sum" in graph_summary(one) and "aten.sum" not in graph_summary(two)
+    rec1, rec2 = _record(one), _record(two)
+    assert rec1.form.startswith("matvec+") and rec2.form.startswith("mm+"), (rec1.form, rec2.form)
+    assert (rec1.m, rec2.m) == (1, 2)
+    assert _facts(rec1) == _facts(rec2)
+    assert tensor_val(rec1.x).dtype == dtype and rec1.compute_dtype == dtype
+
+
+def test_decomposed_matvec_picks_the_cuda_decode_kernel(monkeypatch):
+    """With an SM90 device, torchao's M = 1 graph gets the Triton decode kernel, as M = 2 does (it was
+    `dequant_mm`: the matvec's record said fp32, which the kernel does not take)."""
+    from qlower.lowerings.devices.cuda import override_cuda_capability
+    from qlower.lowerings.kernels.triton import triton_unavailable
+    from qlower.lowerings.registry import choose
+
+    if triton_unavailable():
+        pytest.skip(triton_unavailable())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with override_cuda_capability((9, 0)):
+        for m in (1, 2):
+            choice = choose(_record(_torchao_woq(m, BF16)), qlower.KernelPreference.AUTO)
+            assert choice.lowering is not None and choice.lowering.name == "triton.woq_int8_linear", (
+                m,
+                choice,
+            )
+
+
+def test_fp32_matvec_cast_down_keeps_fp32():
+    """A matvec the model computes in fp32 and casts to bf16 afterwards is not a bf16 mm: the weight operand
+    is no upcast of a bf16 tensor, so the record keeps the fp32 activation and compute dtype."""
+
+    def f(x, w, s):
+        return F.linear(x.float(), w.float()).to(x.dtype) * s
+
+    gm = _fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
+                          torch.empty(32, dtype=BF16))  # fmt: skip
+    assert "aten.sum" in graph_summary(gm)
+    rec = _record(gm)
+    assert tensor_val(rec.x).dtype == torch.float32 and rec.compute_dtype == torch.float32, rec
+
+
+def test_half_precision_matvec_is_not_an_mm():
+    """`(x[:, :, None] * w[None]).sum(1)` written in bf16 rounds every product to bf16; an mm does not.
+    Inductor never emits it (its matvec computes in fp32), so it is no matmul site."""
+
+    def f(x, w, s):
+        return (x.unsqueeze(2) * w.to(x.dtype).t().unsqueeze(0)).sum(1) * s
+
+    gm = _fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
+                          torch.empty(32, dtype=BF16), coordinate_descent=False)  # fmt: skip
+    assert woq_int8.find(gm.graph) == []
