@@ -1,0 +1,928 @@
+"""Whole-decoder benchmark: a Llama-style decoder quantized several ways, bf16 compiled as the baseline.
+
+    python scripts/bench_model.py --device cuda [--layers 4] [--variants default] [--out DIR]
+    python scripts/bench_model.py --device cpu              # small shapes (dim 512) and wall clock
+    torchrun --nproc-per-node 2 scripts/bench_model.py --device cuda --tp 2
+
+Why: qlower picks kernels per linear for a static M; users run whole models whose batch or length changes
+(issue 18). This times whole decoder steps the way they run them.
+
+The model: `--layers` blocks of Llama-3-8B shape by default (dim 4096, 32 heads, 8 kv heads, fused qkv
+4096->6144, o 4096->4096, fused gate/up 4096->28672, down 14336->4096; RMSNorm, RoPE, SDPA against a KV
+cache), random weights, fed hidden states (no embedding or lm_head). `--small` (automatic on CPU): dim 512,
+8 heads, 2 kv heads, hidden 1792, cache and prefill 256; `--dim` etc. override one size.
+Variants (`--variants`, comma list, `default` or `all`): `<quantization>:<compiler>` with the compiler `stock`
+(torch.compile) or `qlower` (torch.compile with `qlower.inductor_options()`); `bf16` is stock-compiled bf16.
+  woq     gpt-fast's weight-only int8 formula `F.linear(x, w_int8.to(x.dtype)) * s` (qlower.quantize)
+  dyn     hand-written dynamic int8 (per-token activation quantize, `torch._int_mm`; qlower.quantize)
+  ao-woq  torchao Int8WeightOnlyConfig           ao-dyn  torchao Int8DynamicActivationInt8WeightConfig
+  mxfp4 / mxfp8  weight-only MX, hand-written dequant (e2m1 codes two per byte / e4m3, e8m0 scale per 32,
+          `F.linear(x, w_dequant)`; qlower.quantize.mx_format)
+Workloads: decode of 1 new token at each of `--batches` against a KV cache of `--cache` tokens, and prefill of
+`--prefill` tokens. Shape modes (`--shapes`): `static` (a fresh compile per workload, torch._dynamo.reset()
+between), `changing` (one compiled model through the batches in the order given, so Dynamo recompiles with a
+symbolic batch, as a serving loop does; prefill after a prefill of half the length), `dynamic`
+(torch.compile(dynamic=True)). `--cudagraphs on,off` (CUDA): on is `mode="reduce-overhead"`, for qlower through
+`qlower.inductor_options(mode="reduce-overhead")`.
+
+Timing: after the compile call and `--warmup` calls, `--reps` steps (at least 20 on CUDA). CUDA with graphs:
+median of CUDA-event times per step; without graphs and on CPU: median wall clock per step (CUDA synchronized
+before and after each step). Every row checks the compiled output against the same model in eager
+(REL_TOL). Rows: time per step, tokens/s, ratio to bf16 of the same workload, mode and graphs setting, the
+fraction of the variant's HBM floor (its weight bytes / `--hbm-tbps`, CUDA only), and qlower's report summary
+(linears lowered, kernels). A failure or a linear left alone goes in the note column; exit status 1 then.
+Writes model_<device>[_tp<N>].md / .json / .png to `--out` (default: a new temporary folder; the committed
+tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md / .json after each variant, so
+a run cut short keeps its finished rows. `--replot JSON` rewrites the .md and .png. Compiles per variant and
+graphs setting: one per static workload, plus one per new shape in changing / dynamic mode; on a machine with a
+time limit, run subsets (`--variants`, `--shapes`, `--cudagraphs`, `--batches`).
+
+`--tp N`: under `torchrun --nproc-per-node N`, each rank holds a gpt-fast-style shard (column-parallel qkv and
+gate/up with their per-channel scales sliced, row-parallel o and down with full scales, outputs summed with
+torch.distributed._functional_collectives.all_reduce); rank 0 reports. Without torchrun, `--tp 1` runs the same
+code in a world of 1. torchao variants are sharded before quantizing (their weights are tensor subclasses), so
+their row-parallel shards carry per-shard scales.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import datetime
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlower
+from qlower.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, mx_format
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import Progress, describe_device, versions  # noqa: E402  (scripts/bench.py, a script module)
+
+REL_TOL = 5e-2  # max |y - eager| / max |eager| of a compiled step against the same model in eager
+DTYPE = torch.bfloat16
+
+
+# ---- the model ----
+
+
+@dataclass(frozen=True)
+class Config:
+    dim: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    hidden: int = 14336
+    layers: int = 4
+    eps: float = 1e-5
+    rope_base: float = 500000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+FULL = Config()
+SMALL = Config(dim=512, heads=8, kv_heads=2, hidden=1792)
+SMALL_WORKLOAD = {"cache": 256, "prefill": 256}  # --cache / --prefill defaults with small shapes
+FULL_WORKLOAD = {"cache": 1024, "prefill": 2048}
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, hd] rotated by position; cos / sin [T, hd / 2]."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
+
+
+class TP:
+    """The tensor-parallel world the model runs in (rank 0 of 1 without --tp)."""
+
+    def __init__(self, rank: int = 0, world: int = 1, group: Any = None) -> None:
+        self.rank, self.world, self.group = rank, world, group
+
+    def __deepcopy__(self, memo: dict) -> TP:  # one world shared by every variant's copy of the model
+        return self
+
+    def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return y
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_reduce(y, "sum", self.group)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config, tp: TP) -> None:
+        super().__init__()
+        self.cfg, self.tp = cfg, tp
+        hd = cfg.head_dim
+        self.heads, self.kv_heads = cfg.heads, cfg.kv_heads  # local counts after `shard`
+        self.qkv = nn.Linear(cfg.dim, (cfg.heads + 2 * cfg.kv_heads) * hd, bias=False)
+        self.o = nn.Linear(cfg.heads * hd, cfg.dim, bias=False)
+        self.gate_up = nn.Linear(cfg.dim, 2 * cfg.hidden, bias=False)
+        self.down = nn.Linear(cfg.hidden, cfg.dim, bias=False)
+        self.attn_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.register_buffer("k_cache", torch.empty(0), persistent=False)
+        self.register_buffer("v_cache", torch.empty(0), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        hd = self.cfg.head_dim
+        q, k, v = self.qkv(rms_norm(x, self.attn_norm, self.cfg.eps)).split(
+            [self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1
+        )
+        q = rope(q.view(b, t, self.heads, hd), cos, sin).transpose(1, 2)
+        k = rope(k.view(b, t, self.kv_heads, hd), cos, sin).transpose(1, 2)
+        v = v.view(b, t, self.kv_heads, hd).transpose(1, 2)
+        self.k_cache[:b, :, start : start + t] = k
+        self.v_cache[:b, :, start : start + t] = v
+        keys, values = self.k_cache[:b, :, : start + t], self.v_cache[:b, :, : start + t]
+        # decode (t == 1) attends to the whole cache; prefill starts at 0, so causal is the mask. A branch, not
+        # `is_causal=t > 1`: with a symbolic t that is a SymBool, which SDPA refuses (a graph break).
+        if t > 1:
+            y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+        x = x + self.tp.all_reduce(self.o(y.transpose(1, 2).reshape(b, t, self.heads * hd)))
+        gate, up = self.gate_up(rms_norm(x, self.ffn_norm, self.cfg.eps)).chunk(2, dim=-1)
+        return x + self.tp.all_reduce(self.down(F.silu(gate) * up))
+
+
+class Decoder(nn.Module):
+    """`cfg.layers` blocks and a final RMSNorm over hidden states [B, T, dim]; `start` is the position of the
+    first of the T tokens (decode: the cache length; prefill: 0)."""
+
+    def __init__(self, cfg: Config, tp: TP) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(Block(cfg, tp) for _ in range(cfg.layers))
+        self.norm = nn.Parameter(torch.ones(cfg.dim))
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+
+    def setup_cache(self, batch: int, seq: int) -> None:
+        """KV caches for `batch` sequences of `seq` positions (random contents: a cache already filled)."""
+        dev, hd = self.norm.device, self.cfg.head_dim
+        g = torch.Generator(device=dev).manual_seed(1)
+        for blk in self.layers:
+            shape = (batch, blk.kv_heads, seq, hd)
+            blk.k_cache = torch.randn(shape, generator=g, device=dev, dtype=DTYPE)
+            blk.v_cache = torch.randn(shape, generator=g, device=dev, dtype=DTYPE)
+        inv = 1.0 / self.cfg.rope_base ** (torch.arange(0, hd, 2, device=dev).float() / hd)
+        angles = torch.outer(torch.arange(seq, device=dev).float(), inv)
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        t = x.shape[1]
+        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        for blk in self.layers:
+            x = blk(x, start, cos, sin)
+        return rms_norm(x, self.norm, self.cfg.eps)
+
+
+def build_base(cfg: Config, device: str, tp: TP) -> Decoder:
+    """The bf16 model every variant starts from: the same random weights (seed 0) on every rank."""
+    torch.manual_seed(0)
+    with torch.device(device):  # initialized where it runs: 8B-shaped layers are slow to fill on a CPU
+        model = Decoder(cfg, tp)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, p.shape[1] ** -0.5)
+    return model.to(device=device, dtype=DTYPE).requires_grad_(False)
+
+
+# ---- quantizations ----
+
+
+class MXWeightOnlyLinear(nn.Module):
+    """MX weight-only, hand-written: elements (packed e2m1 bytes or e4m3) and e8m0 codes per 32 along K."""
+
+    def __init__(self, linear: nn.Linear, elem: str) -> None:
+        super().__init__()
+        self.elem = elem
+        q, e = mx_format.quantize(linear.weight.detach().float(), elem)
+        self.register_buffer("q", q)
+        self.register_buffer("e", e)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, mx_format.dequantize(self.q, self.e, self.elem, x.dtype))
+
+
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    for blk in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(blk, name, make(getattr(blk, name)))
+
+
+def _torchao(config_name: str) -> Callable[[nn.Module], None]:
+    def apply(model: nn.Module) -> None:
+        from torchao import quantization as ao
+
+        ao.quantize_(model, getattr(ao, config_name)())
+
+    return apply
+
+
+# quantization key -> (in-place quantizer, weight bytes per element of N*K, extra bytes per output row, whether
+# it is sharded before quantizing)
+QUANTS: dict[str, tuple[Callable[[nn.Module], None] | None, float, float, bool]] = {
+    "bf16": (None, 2.0, 0.0, False),
+    "woq": (lambda m: _swap_linears(m, WeightOnlyInt8Linear.from_linear), 1.0, 2.0, False),
+    "dyn": (lambda m: _swap_linears(m, DynamicInt8Linear.from_linear), 1.0, 4.0, False),
+    "ao-woq": (_torchao("Int8WeightOnlyConfig"), 1.0, 2.0, True),
+    "ao-dyn": (_torchao("Int8DynamicActivationInt8WeightConfig"), 1.0, 2.0, True),
+    "mxfp4": (
+        lambda m: _swap_linears(m, lambda lin: MXWeightOnlyLinear(lin, "e2m1")),
+        0.5 + 1 / 32,
+        0.0,
+        False,
+    ),
+    "mxfp8": (
+        lambda m: _swap_linears(m, lambda lin: MXWeightOnlyLinear(lin, "e4m3")),
+        1.0 + 1 / 32,
+        0.0,
+        False,
+    ),
+}
+DEFAULT_VARIANTS = (
+    "bf16",
+    "woq:stock",
+    "woq:qlower",
+    "ao-woq:stock",
+    "ao-woq:qlower",
+    "ao-dyn:stock",
+    "ao-dyn:qlower",
+    "mxfp4:qlower",
+    "mxfp8:qlower",
+)
+ALL_VARIANTS = ("bf16", *(f"{q}:{c}" for q in QUANTS if q != "bf16" for c in ("stock", "qlower")))
+
+
+def parse_variants(text: str) -> list[str]:
+    names: list[str] = []
+    for item in text.split(","):
+        item = item.strip()
+        names += (
+            DEFAULT_VARIANTS
+            if item == "default"
+            else ALL_VARIANTS
+            if item == "all"
+            else [item]
+            if item
+            else []
+        )
+    bad = [v for v in names if v not in ALL_VARIANTS]
+    if bad:
+        raise SystemExit(f"bench_model: unknown variants {bad}; choose from {', '.join(ALL_VARIANTS)}")
+    names = list(dict.fromkeys(names))
+    return names if "bf16" in names else ["bf16", *names]  # the baseline of every ratio
+
+
+def split_variant(variant: str) -> tuple[str, str]:
+    quant, _, compiler = variant.partition(":")
+    return quant, compiler or "stock"
+
+
+# ---- tensor parallel ----
+
+
+def shard_linear(
+    lin: nn.Module, k: int, rows: list[tuple[int, int]] | None, cols: tuple[int, int] | None
+) -> None:
+    """Keep this rank's shard of every weight tensor of `lin` (dim 0 is N for all of qlower's forms and
+    nn.Linear). Column-parallel (`rows`: the kept row ranges): 2-D and 1-D tensors (per-channel scales) are
+    sliced. Row-parallel (`cols`: the kept K range): 2-D tensors are sliced along dim 1 in proportion to K (int8
+    weight K columns, packed e2m1 K / 2, e8m0 codes K / 32); 1-D tensors (the scales) stay whole."""
+    for store in (lin._parameters, lin._buffers):
+        for name, t in list(store.items()):
+            if t is None or t.dim() not in (1, 2):
+                continue
+            u = t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.int8 else t
+            if rows is not None:
+                u = torch.cat([u[a:b] for a, b in rows])
+            elif t.dim() == 2:
+                width = t.shape[1]
+                if cols[0] * width % k or cols[1] * width % k:
+                    raise SystemExit(f"bench_model: a K shard {cols} of {k} splits a block of {name}")
+                u = u[:, cols[0] * width // k : cols[1] * width // k]
+            else:
+                continue
+            u = u.contiguous().view(t.dtype) if u.dtype != t.dtype else u.contiguous()
+            store[name] = nn.Parameter(u, requires_grad=False) if isinstance(t, nn.Parameter) else u
+
+
+def shard(model: Decoder, tp: TP) -> None:
+    """gpt-fast's tp.py layout: qkv and gate/up column-parallel (each of q, k, v, gate, up split by rank),
+    o and down row-parallel (their outputs summed by `TP.all_reduce` in the forward)."""
+    cfg, r, w = model.cfg, tp.rank, tp.world
+    hd = cfg.head_dim
+    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("hidden", cfg.hidden)):
+        if n % w:
+            raise SystemExit(f"bench_model: --tp {w} does not divide {name} = {n}")
+
+    def rows(sizes: list[int]) -> list[tuple[int, int]]:
+        out, off = [], 0
+        for s in sizes:
+            out.append((off + r * s // w, off + (r + 1) * s // w))
+            off += s
+        return out
+
+    q, kv, hid = cfg.heads * hd, cfg.kv_heads * hd, cfg.hidden
+    for blk in model.layers:
+        shard_linear(blk.qkv, cfg.dim, rows([q, kv, kv]), None)
+        shard_linear(blk.gate_up, cfg.dim, rows([hid, hid]), None)
+        shard_linear(blk.o, q, None, (r * q // w, (r + 1) * q // w))
+        shard_linear(blk.down, hid, None, (r * hid // w, (r + 1) * hid // w))
+        blk.heads, blk.kv_heads = cfg.heads // w, cfg.kv_heads // w
+
+
+@contextlib.contextmanager
+def tp_world(tp: int | None, device: str) -> Iterator[tuple[TP, str]]:
+    """The TP world and this rank's device. `--tp N` under torchrun joins its world; without torchrun, a world
+    of 1 in this process (the dry run of the same code), taken down again at the end."""
+    if tp is None:
+        yield TP(), device
+        return
+    import torch.distributed as dist
+
+    if device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    own = not dist.is_initialized()
+    if own and "RANK" in os.environ:  # torchrun
+        dist.init_process_group(backend)
+    elif own:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        world = dist.get_world_size()
+        if world != tp:
+            raise SystemExit(
+                f"bench_model: --tp {tp} but the world has {world} processes (torchrun --nproc-per-node)"
+            )
+        yield TP(dist.get_rank(), world, dist.group.WORLD), device
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def weight_bytes(cfg: Config, quant: str, world: int) -> int:
+    """Bytes of quantized weights one rank reads per step (the HBM floor's numerator)."""
+    _, per_elem, per_row, _ = QUANTS[quant]
+    hd = cfg.head_dim
+    total = 0.0
+    for n, k, column in (
+        ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.dim, True),
+        (cfg.dim, cfg.heads * hd, False),
+        (2 * cfg.hidden, cfg.dim, True),
+        (cfg.dim, cfg.hidden, False),
+    ):  # per-row scales: sliced on column-parallel shards, whole on row-parallel ones
+        total += n * k * per_elem / world + n * per_row / (world if column else 1)
+    return int(total * cfg.layers)
+
+
+def build_variant(base: Decoder, quant: str, tp: TP, batch: int, seq: int) -> Decoder:
+    quantize, _, _, shard_first = QUANTS[quant]
+    model = copy.deepcopy(base)
+    if tp.group is not None and shard_first:
+        shard(model, tp)
+    if quantize is not None:
+        quantize(model)
+    if tp.group is not None and not shard_first:
+        shard(model, tp)
+    model.setup_cache(batch, seq)
+    return model
+
+
+# ---- workloads, timing, one row ----
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    batch: int
+    tokens: int  # new tokens per sequence in one step
+    start: int  # position of the first new token
+
+
+def workloads(batches: list[int], cache: int, prefill: int) -> list[Workload]:
+    out = [Workload(f"decode b{b}", b, 1, cache) for b in batches]
+    return out + ([Workload(f"prefill {prefill}", 1, prefill, 0)] if prefill else [])
+
+
+@dataclass
+class Row:
+    variant: str
+    workload: str
+    mode: str  # static | changing | dynamic
+    cudagraphs: bool
+    tp: int
+    batch: int
+    tokens_per_step: int
+    seconds: float | None = None  # median per step
+    min_seconds: float | None = None
+    reps: int = 0
+    tokens_per_s: float | None = None
+    vs_bf16: float | None = None
+    weight_bytes: int = 0
+    hbm_floor: float | None = None  # floor time / step time (CUDA)
+    rel_err: float | None = None
+    graphs_compiled: int = (
+        0  # Dynamo graphs this row's calls compiled (0: an earlier workload's graph served)
+    )
+    lowered: int | None = None  # qlower rows: linears lowered / candidates
+    linears: int | None = None
+    kernels: str = ""
+    reasons: list[str] = field(default_factory=list)  # full reason of every linear left alone
+    note: str = ""
+
+
+def qlower_summary(reports: list[Any]) -> tuple[int, int, str, list[str]]:
+    """(lowered, candidates, 'kernel×count, ...', reasons of those left alone) over `reports`."""
+    entries = [d for rep in reports for d in rep]
+    kernels = Counter(d.lowering for d in entries if d.lowered)
+    reasons = sorted({d.reason or "?" for d in entries if not d.lowered})
+    text = ", ".join(f"{k}×{n}" for k, n in sorted(kernels.items()))
+    return sum(kernels.values()), len(entries), text, reasons
+
+
+def compile_model(model: nn.Module, compiler: str, mode: str, cudagraphs: bool) -> Callable:
+    dynamic = {"static": False, "changing": None, "dynamic": True}[mode]
+    if compiler == "qlower":
+        opts = qlower.inductor_options(mode="reduce-overhead" if cudagraphs else None)
+        return torch.compile(model, dynamic=dynamic, options=opts)
+    return torch.compile(model, dynamic=dynamic, mode="reduce-overhead" if cudagraphs else None)
+
+
+def time_steps(
+    step: Callable[[], Any], device: str, cudagraphs: bool, reps: int, budget_s: float
+) -> list[float]:
+    """Seconds per step: CUDA graphs, CUDA-event time of each step; else wall clock around each step (CUDA
+    synchronized). At least `reps` steps; on CPU more while under `budget_s`."""
+    cuda = device.startswith("cuda")
+    if cuda and cudagraphs:
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)
+        ]
+        for e0, e1 in events:
+            torch.compiler.cudagraph_mark_step_begin()
+            e0.record()
+            step()
+            e1.record()
+        torch.cuda.synchronize()
+        return [e0.elapsed_time(e1) / 1e3 for e0, e1 in events]
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < reps or (not cuda and time.perf_counter() - start < budget_s and len(times) < 200):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-12)).item()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _counter(group: str, name: str | None = None) -> int:
+    """A Dynamo / Inductor counter; without `name`, the sum of the group (graph breaks: one per reason)."""
+    counts = torch._dynamo.utils.counters[group]
+    return int(counts[name] if name else sum(counts.values()))
+
+
+def run_row(
+    model: nn.Module,
+    fn: Callable,
+    row: Row,
+    wl: Workload,
+    args: argparse.Namespace,
+    device: str,
+    prev: Row | None,
+) -> None:
+    """Compile (or reuse) `fn` for `wl`, check it against eager, time it, and fill `row`."""
+    g = torch.Generator(device=device).manual_seed(wl.batch * 7919 + wl.tokens)
+    x = torch.randn(wl.batch, wl.tokens, model.cfg.dim, generator=g, device=device, dtype=DTYPE)
+    graphs0, skips0 = _counter("stats", "unique_graphs"), _counter("inductor", "cudagraph_skips")
+    breaks0 = _counter("graph_break")
+    qlower.clear_reports()
+    ref = model(x, wl.start)  # eager, the same weights and cache
+    y = fn(x, wl.start)  # compiles, or recompiles, for this shape
+    row.rel_err = rel_error(y, ref)
+    del y, ref
+    for _ in range(args.warmup):  # cudagraph trees: a warm-up run, then the recording
+        if row.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        fn(x, wl.start)
+    row.graphs_compiled = _counter("stats", "unique_graphs") - graphs0
+    row.graph_of = wl.name if row.graphs_compiled or prev is None else prev.graph_of
+    notes = []
+    if split_variant(row.variant)[1] == "qlower":
+        reports = qlower.all_reports()
+        if reports:
+            row.lowered, row.linears, row.kernels, row.reasons = qlower_summary(reports)
+        elif prev is not None and prev.linears is not None:  # served by the graph an earlier batch compiled
+            row.lowered, row.linears, row.kernels, row.reasons = (
+                prev.lowered,
+                prev.linears,
+                prev.kernels,
+                prev.reasons,
+            )
+            notes.append(f"no recompile (graph of {row.graph_of})")
+        else:
+            notes.append("no qlower report")
+        if row.linears is not None and row.lowered < row.linears:
+            short = sorted({d.short_reason for rep in qlower.all_reports() for d in rep if not d.lowered})
+            notes.append(f"{row.linears - row.lowered} left alone: {'; '.join(short or row.reasons)}")
+    times = time_steps(lambda: fn(x, wl.start), device, row.cudagraphs, args.reps, args.budget)
+    breaks = _counter("graph_break") - breaks0
+    if breaks:  # part of the step ran eager: not the compiled model's time
+        notes.append(f"graph breaks ×{breaks} (TORCH_LOGS=graph_breaks)")
+    skips = _counter("inductor", "cudagraph_skips") - skips0
+    if skips:
+        notes.append(f"cudagraphs skipped ×{skips}")
+    if row.rel_err > REL_TOL:
+        notes.append(f"rel err {row.rel_err:.3g} > {REL_TOL}")
+    row.seconds, row.min_seconds, row.reps = statistics.median(times), min(times), len(times)
+    row.tokens_per_s = wl.batch * wl.tokens / row.seconds
+    if device.startswith("cuda"):
+        row.hbm_floor = row.weight_bytes / (args.hbm_tbps * 1e12) / row.seconds
+    row.note = "; ".join(notes)
+
+
+def sequences(wls: list[Workload], mode: str, prefill: int) -> list[tuple[list[Workload], Workload | None]]:
+    """Groups of workloads that share one compiled model, each with an optional unmeasured first call:
+    static, one workload per group; changing / dynamic, the decode batches in order, then prefill (changing:
+    after a prefill of half the length)."""
+    if mode == "static":
+        return [([w], None) for w in wls]
+    decode = [w for w in wls if w.tokens == 1]
+    pre = [w for w in wls if w.tokens > 1]
+    warm = Workload(f"prefill {prefill // 2}", 1, prefill // 2, 0) if mode == "changing" and pre else None
+    return [g for g in ((decode, None), (pre, warm)) if g[0]]
+
+
+Checkpoint = Callable[[dict[str, Any], list[Row]], None]
+
+
+def measure(args: argparse.Namespace, checkpoint: Checkpoint) -> tuple[dict[str, Any], list[Row]]:
+    """Every row of the run. `checkpoint(meta, rows)` gets the rows so far after each variant (rank 0), so a
+    run cut short (a time limit) still leaves its finished tables."""
+    threads = torch.get_num_threads()
+    with (
+        tp_world(args.tp, args.device) as (tp, device),
+        torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=4096),
+        # A cache hit skips Inductor's passes (qlower's too), leaving no report of what was chosen.
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        try:
+            torch.set_num_threads(args.threads or threads)
+            return _measure(args, tp, device, checkpoint)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _measure(
+    args: argparse.Namespace, tp: TP, device: str, checkpoint: Checkpoint
+) -> tuple[dict[str, Any], list[Row]]:
+    cfg = args.cfg
+    wls = workloads(args.batches, args.cache, args.prefill)
+    seq = max(args.cache + 1, args.prefill)
+    base = build_base(cfg, device, tp)
+    combos = [(m, g) for m in args.shapes for g in args.cudagraphs]
+    total = len(args.variants) * len(combos) * len(wls)
+    bar = Progress(total, f"bench_model {args.device}", stream=sys.stderr if tp.rank == 0 else io.StringIO())
+    rows: list[Row] = []
+    inductor_defaults = torch._inductor.config.get_config_copy()  # torchao's quantize_ flips global knobs
+    start = time.perf_counter()
+
+    def meta_now(partial: bool) -> dict[str, Any]:
+        return {
+            "device": describe_device(device),
+            "device_kind": args.device,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            **versions(),
+            "command": (f"torchrun --nproc-per-node {tp.world} " if tp.world > 1 else "python ")
+            + "scripts/bench_model.py "
+            + " ".join(args.argv),
+            "config": dataclasses.asdict(cfg),
+            "cache": args.cache,
+            "prefill": args.prefill,
+            "tp": tp.world,
+            "hbm_tbps": args.hbm_tbps if device.startswith("cuda") else None,
+            "timing": "median per step: CUDA events with graphs on, else wall clock (CUDA synchronized)"
+            if device.startswith("cuda")
+            else "median wall clock per step",
+            "wall_s": round(time.perf_counter() - start, 1),
+            "rank": tp.rank,
+            **({"partial": "yes (the run stopped before its last variant)"} if partial else {}),
+        }
+
+    with torch.no_grad():
+        for variant in args.variants:
+            quant, compiler = split_variant(variant)
+            torch._inductor.config.load_config(inductor_defaults)
+            bar.set_postfix_str(f"{variant}: quantize")
+            try:
+                model = build_variant(base, quant, tp, max(args.batches), seq)
+                failure = ""
+            except Exception as e:  # e.g. torchao missing: every row of the variant says so
+                model, failure = None, f"failed to build: {type(e).__name__}: {_first_line(e)}"
+            wbytes = weight_bytes(cfg, quant, tp.world)
+            fn = None
+            for mode, graphs in combos:
+                for group, warm in sequences(wls, mode, args.prefill):
+                    torch._dynamo.reset()
+                    fn, note = None, failure
+                    if model is not None:
+                        fn = compile_model(model, compiler, mode, graphs)
+                    if warm is not None and fn is not None:
+                        bar.set_postfix_str(f"{variant} {_combo_name(mode, graphs)}: {warm.name}")
+                        note = f"after {warm.name}"
+                        try:
+                            fn(torch.randn(1, warm.tokens, cfg.dim, device=device, dtype=DTYPE), warm.start)
+                        except Exception as e:
+                            fn, note = None, f"failed ({warm.name}): {type(e).__name__}: {_first_line(e)}"
+                    prev: Row | None = None
+                    for wl in group:
+                        row = Row(variant, wl.name, mode, graphs, tp.world, wl.batch, wl.batch * wl.tokens)
+                        row.weight_bytes = wbytes
+                        bar.set_postfix_str(f"{variant} {_combo_name(mode, graphs)}: {wl.name}")
+                        if fn is not None:
+                            try:
+                                run_row(model, fn, row, wl, args, device, prev)
+                            except Exception as e:  # recorded in the row; the run goes on
+                                row.note = f"failed: {type(e).__name__}: {_first_line(e)}"
+                        row.note = "; ".join(n for n in (note, row.note) if n)
+                        rows.append(row)
+                        prev = row
+                        bar.update(1)
+            del model, fn
+            torch._dynamo.reset()
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if tp.rank == 0:
+                fill_ratios(rows)
+                checkpoint(meta_now(partial=True), rows)
+    bar.close()
+    torch._inductor.config.load_config(inductor_defaults)
+    fill_ratios(rows)
+    meta = meta_now(partial=False)
+    return meta, rows
+
+
+def fill_ratios(rows: list[Row]) -> None:
+    base = {(r.workload, r.mode, r.cudagraphs, r.tp): r.seconds for r in rows if r.variant == "bf16"}
+    for r in rows:
+        b = base.get((r.workload, r.mode, r.cudagraphs, r.tp))
+        r.vs_bf16 = b / r.seconds if b and r.seconds else None
+
+
+# ---- output ----
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1e6:.0f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _combo_name(mode: str, graphs: bool) -> str:
+    return f"{mode} shapes, CUDA graphs {'on' if graphs else 'off'}"
+
+
+def table(rows: list[Row]) -> str:
+    """Side by side (one row per workload, one column per variant: time and ratio to bf16) for each shape mode
+    and graphs setting, then every field of every row."""
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    out = []
+    for mode, graphs in dict.fromkeys((r.mode, r.cudagraphs) for r in rows):
+        sub = [r for r in rows if (r.mode, r.cudagraphs) == (mode, graphs)]
+        out += [f"### {_combo_name(mode, graphs)}", "", "| workload | " + " | ".join(variants) + " |"]
+        out.append("|---|" + "---|" * len(variants))
+        for wl in dict.fromkeys(r.workload for r in sub):
+            by_v = {r.variant: r for r in sub if r.workload == wl}
+            cells = []
+            for v in variants:
+                r = by_v.get(v)
+                if r is None or r.seconds is None:
+                    cells.append("failed" if r is not None else "—")
+                else:
+                    ratio = f" ({r.vs_bf16:.2f}×)" if v != "bf16" and r.vs_bf16 else ""
+                    cells.append(_fmt_time(r.seconds) + ratio)
+            out.append(f"| {wl} | " + " | ".join(cells) + " |")
+        out.append("")
+    head = [
+        "variant",
+        "workload",
+        "shapes",
+        "graphs",
+        "step",
+        "tokens/s",
+        "vs bf16",
+        "HBM floor",
+        "compiles",
+        "qlower",
+        "note",
+    ]
+    out += ["### every row", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        q = f"{r.lowered}/{r.linears} lowered: {r.kernels}" if r.linears is not None else ""
+        cells = [
+            r.variant,
+            r.workload,
+            r.mode,
+            "on" if r.cudagraphs else "off",
+            _fmt_time(r.seconds),
+            f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "—",
+            f"{r.vs_bf16:.2f}×" if r.vs_bf16 else "—",
+            f"{r.hbm_floor:.2f}" if r.hbm_floor is not None else "—",
+            str(r.graphs_compiled),
+            q,
+            r.note.replace("|", "/"),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def plot(rows: list[Row], title: str, path: Path) -> Path | None:
+    """PNG: speedup vs bf16 per workload, one panel per shape mode and graphs setting, one line per variant."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print("bench_model: matplotlib is not installed (pip install -e '.[test]'): no plot", file=sys.stderr)
+        return None
+    combos = list(dict.fromkeys((r.mode, r.cudagraphs) for r in rows))
+    fig, axes = plt.subplots(1, len(combos), figsize=(5.5 * len(combos), 4.2), squeeze=False)
+    for ax, (mode, graphs) in zip(axes[0], combos, strict=True):
+        sub = [r for r in rows if (r.mode, r.cudagraphs) == (mode, graphs)]
+        wls = list(dict.fromkeys(r.workload for r in sub))
+        for v in dict.fromkeys(r.variant for r in sub if r.variant != "bf16"):
+            pts = [(wls.index(r.workload), r.vs_bf16) for r in sub if r.variant == v and r.vs_bf16]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        ax.axhline(1.0, color="gray", linestyle="--", label="bf16 compiled")
+        ax.set_xticks(range(len(wls)), wls, rotation=30)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.set_ylabel("speedup vs bf16 compiled")
+        ax.set_title(_combo_name(mode, graphs), fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def write(out: Path, meta: dict[str, Any], rows: list[Row], with_plot: bool = True) -> str:
+    stem = out / (f"model_{meta['device_kind']}" + (f"_tp{meta['tp']}" if meta["tp"] > 1 else ""))
+    skip = ("config", "rank", "device_kind")
+    header = " · ".join(f"{k} {v}" for k, v in meta.items() if k not in skip and v is not None)
+    text = f"{header}\n\nconfig: {meta['config']}\n\n{table(rows)}"
+    out.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(text + "\n")
+    data = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    c = meta["config"]
+    shape = f"{c['layers']} layers, dim {c['dim']}, cache {meta['cache']}, TP {meta['tp']}"
+    title = f"{shape} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
+    png = plot(rows, title, stem.with_suffix(".png")) if with_plot else None
+    return text + f"\n\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else "")
+
+
+# ---- command line ----
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _choices(text: str, valid: Iterable[str]) -> list[str]:
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in items if v not in valid]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad}: choose from {', '.join(valid)}")
+    return items
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda")
+    )
+    p.add_argument(
+        "--variants", default="default", help=f"comma list, `default` or `all` ({', '.join(ALL_VARIANTS)})"
+    )
+    p.add_argument("--small", action="store_true", help="dim 512 shapes (automatic on CPU)")
+    for name in ("dim", "heads", "kv-heads", "hidden"):
+        p.add_argument(f"--{name}", type=int, default=None, help="override one size of the shapes")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batches", type=_ints, default=[1, 4, 16, 64], help="decode batch sizes, in run order")
+    p.add_argument(
+        "--cache", type=int, default=None, help="KV-cache length of decode (default 1024; small 256)"
+    )
+    p.add_argument(
+        "--prefill", type=int, default=None, help="prefill tokens, 0: none (default 2048; small 256)"
+    )
+    p.add_argument(
+        "--shapes",
+        type=lambda t: _choices(t, ("static", "changing", "dynamic")),
+        default=["static", "changing"],
+        help="comma list of static, changing, dynamic (default static,changing)",
+    )
+    p.add_argument(
+        "--cudagraphs", type=lambda t: _choices(t, ("on", "off")), default=None, help="on,off (CUDA default)"
+    )
+    p.add_argument("--reps", type=int, default=None, help="timed steps per row (default CUDA 30, CPU 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the compile call")
+    p.add_argument("--budget", type=float, default=1.0, help="CPU: keep timing a row while under this many s")
+    p.add_argument("--hbm-tbps", type=float, default=4.8, help="peak HBM bandwidth for the floor (H200: 4.8)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel world size (run under torchrun)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--out", default=None, help="folder for the .md/.json/.png (default: a new temp folder)")
+    p.add_argument("--replot", metavar="JSON", help="no measuring: rewrite .md/.png from an earlier .json")
+    args = p.parse_args(argv)
+    args.argv = argv
+    small = args.small or args.device == "cpu"
+    preset = SMALL if small else FULL
+    sizes = {
+        k: getattr(args, k) for k in ("dim", "heads", "kv_heads", "hidden") if getattr(args, k) is not None
+    }
+    args.cfg = dataclasses.replace(preset, layers=args.layers, **sizes)
+    wl = SMALL_WORKLOAD if small else FULL_WORKLOAD
+    args.cache = wl["cache"] if args.cache is None else args.cache
+    args.prefill = wl["prefill"] if args.prefill is None else args.prefill
+    args.variants = parse_variants(args.variants)
+    cuda = args.device == "cuda"
+    graphs = args.cudagraphs or (["on", "off"] if cuda else ["off"])
+    if "on" in graphs and not cuda:
+        p.error("--cudagraphs on needs --device cuda")
+    args.cudagraphs = [g == "on" for g in graphs]
+    args.reps = args.reps or (30 if cuda else 5)
+    if cuda and args.reps < 20:
+        p.error("--reps: at least 20 on CUDA")
+    if cuda and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    return args
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="qlower-bench-model-"))
+    if args.replot:
+        data = json.loads(Path(args.replot).read_text())
+        meta, rows = data["meta"], [Row(**r) for r in data["rows"]]
+    else:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"bench_model: writing to {out}", file=sys.stderr, flush=True)
+        meta, rows = measure(args, lambda m, r: write(out, m, r, with_plot=False))
+    if meta.get("rank", 0):
+        return 0
+    print("\n" + write(out, meta, rows))
+    bad = [r for r in rows if any(w in r.note for w in ("failed", "left alone", "rel err", "graph breaks"))]
+    for r in bad:
+        print(f"FAIL: {r.variant} {r.workload} {r.mode} graphs={r.cudagraphs}: {r.note}", file=sys.stderr)
+        for reason in r.reasons:
+            print(f"  left alone: {reason}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""scripts/bench_model.py: a CPU smoke run of the whole-decoder benchmark at tiny shapes, and its TP sharding
+checked against the unsharded linears."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+TINY = ["--dim", "128", "--heads", "4", "--kv-heads", "2", "--hidden", "448", "--layers", "1"]
+
+
+def _load():
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module("bench_model")
+
+
+def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
+    """Every requested row is in the JSON with a finite time and ratio, each compiled step matches eager, and
+    each qlower row reports its 4 linears (qkv, o, gate/up, down of the one layer) lowered. `--tp 1` runs the
+    sharding and the all_reduce in a world of 1 (gloo)."""
+    bm = _load()
+    variants = ["bf16", "woq:qlower"]  # each variant is one CPU compile (~5 s): two keep it light
+    argv = [*TINY, *"--device cpu --batches 1 --cache 32 --prefill 0 --shapes static".split()]
+    argv += ["--variants", ",".join(variants), *"--reps 2 --warmup 1 --budget 0 --threads 1".split()]
+    threads = torch.get_num_threads()
+    assert bm.main([*argv, "--tp", "1", "--out", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == threads  # the run leaves the process as it found it
+    assert torch._dynamo.config.recompile_limit == 8 and not torch.distributed.is_initialized()
+    data = json.loads((tmp_path / "model_cpu.json").read_text())
+    rows = {(r["variant"], r["workload"], r["mode"], r["cudagraphs"]): r for r in data["rows"]}
+    assert set(rows) == {(v, "decode b1", "static", False) for v in variants}
+    for r in rows.values():
+        assert r["seconds"] > 0 and math.isfinite(r["vs_bf16"]) and r["vs_bf16"] > 0, r
+        assert r["tokens_per_s"] == pytest.approx(1 / r["seconds"])
+        assert r["rel_err"] <= bm.REL_TOL, r
+        assert r["note"] == "", r
+    assert rows[("bf16", "decode b1", "static", False)]["vs_bf16"] == 1.0
+    r = rows[("woq:qlower", "decode b1", "static", False)]
+    assert (r["lowered"], r["linears"]) == (4, 4), r
+    assert r["kernels"] and not r["reasons"], r
+    assert data["meta"]["tp"] == 1 and data["meta"]["config"]["dim"] == 128
+    table = (tmp_path / "model_cpu.md").read_text()
+    assert "| workload | bf16 | woq:qlower |" in table
+    assert "4/4 lowered" in table
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "model_cpu.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("quant", ["woq", "mxfp4"])
+def test_tp_shards_match_the_unsharded_linears(quant: str) -> None:
+    """gpt-fast layout at TP=2: column-parallel shards (qkv, gate/up) give their slices of each of q, k, v /
+    gate, up; row-parallel shards (o, down) sum to the full output with the full per-channel scales."""
+    bm = _load()
+    cfg = bm.Config(dim=128, heads=4, kv_heads=2, hidden=448, layers=1)
+    model = bm.Decoder(cfg, bm.TP())
+    torch.manual_seed(0)
+    for p in model.parameters():
+        p.data.normal_(0.0, p.shape[-1] ** -0.5)
+    bm.QUANTS[quant][0](model)
+    full = model.layers[0]
+    shards = []
+    for rank in range(2):
+        m = copy.deepcopy(model)
+        bm.shard(m, bm.TP(rank, 2))
+        shards.append(m.layers[0])
+        assert (m.layers[0].heads, m.layers[0].kv_heads) == (2, 1)
+    hd = cfg.head_dim
+    with torch.no_grad():
+        for name, k, pieces in (
+            ("qkv", cfg.dim, [cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd]),
+            ("gate_up", cfg.dim, [cfg.hidden, cfg.hidden]),
+        ):
+            x = torch.randn(3, k)
+            want = getattr(full, name)(x).split(pieces, dim=-1)
+            for rank, blk in enumerate(shards):
+                got = getattr(blk, name)(x)
+                expect = torch.cat([w.chunk(2, dim=-1)[rank] for w in want], dim=-1)
+                torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+        for name, k in (("o", cfg.heads * hd), ("down", cfg.hidden)):
+            x = torch.randn(3, k)
+            got = sum(getattr(blk, name)(xs) for blk, xs in zip(shards, x.chunk(2, dim=-1), strict=True))
+            torch.testing.assert_close(got, getattr(full, name)(x), rtol=1e-4, atol=1e-4)
+            if quant == "woq":  # row-parallel: the full per-channel scale on every rank
+                assert all(torch.equal(b.o.scales, full.o.scales) for b in shards)
+
+
+def test_variant_names() -> None:
+    bm = _load()
+    assert bm.parse_variants("woq:qlower")[0] == "bf16"  # the baseline of every ratio is always run
+    assert set(bm.DEFAULT_VARIANTS) <= set(bm.parse_variants("all"))
+    with pytest.raises(SystemExit, match="unknown variants"):
+        bm.parse_variants("int4:qlower")
+
+
+def test_weight_bytes_of_llama3_8b_layers() -> None:
+    """The HBM floor's bytes: one Llama-3-8B layer is 436 MB in bf16 (qkv 6144, o 4096, gate/up 28672 rows of
+    4096; down 4096 rows of 14336); int8 halves it plus a bf16 scale per row; TP=2 halves the elements."""
+    bm = _load()
+    elems = 6144 * 4096 + 4096 * 4096 + 28672 * 4096 + 4096 * 14336
+    assert bm.weight_bytes(bm.FULL, "bf16", 1) == 4 * 2 * elems
+    assert bm.weight_bytes(bm.FULL, "woq", 1) == 4 * (elems + 2 * (6144 + 4096 + 28672 + 4096))
+    assert bm.weight_bytes(bm.FULL, "mxfp4", 1) == 4 * (elems // 2 + elems // 32)
+    assert bm.weight_bytes(bm.FULL, "bf16", 2) == 2 * 2 * elems
