@@ -17,6 +17,8 @@ from qlower.lowerings.kernels.triton import mx_ops as _mx_ops
 # int8 kernels (woq_int8, dynamic_int8): config constructors, the tables, the rules, one-config launches
 gemv = _configs.gemv
 mm = _configs.mm
+decode_fma = _configs.decode_fma
+decode_dot = _configs.decode_dot
 m_bucket = _configs.m_bucket
 woq_int8_config = _configs.woq_int8_config
 dynamic_int8_config = _configs.dynamic_int8_config
@@ -51,6 +53,8 @@ __all__ = [
     "MX_ELEM_CODE",
     "WOQ_INT8_TABLE",
     "WOQ_INT8_TUNED",
+    "decode_dot",
+    "decode_fma",
     "dynamic_int8_config",
     "dynamic_plan",
     "gemv",

@@ -79,6 +79,24 @@ def dyn_ref(p: dict[str, Any], i: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------- sweep
 def woq_candidates(m: int, k: int, n: int) -> list[Any]:
+    return _woq_candidates(m, k, n) + _decode_size_candidates(m)
+
+
+def _decode_size_candidates(m: int) -> list[Any]:
+    """M 2..16: the FMA decode tiles on 2 rows and the 16-row PTX tiles, whose sweep (2026-12-01) set the
+    table's M 2..16 entries."""
+    from qlower.tuning import decode_fma, mm
+
+    if not 2 <= m <= 16:
+        return []
+    cands = [mm(16, 32, 256, 4, 4, fast=2), mm(16, 64, 256, 4, 4, fast=2), mm(16, 32, 128, 4, 5, fast=2),
+             mm(16, 32, 512, 4, 3, fast=2)]  # fmt: skip
+    if m == 2:
+        cands += [decode_fma(2, 8, 1024, warps=2), decode_fma(2, 16, 512)]
+    return cands
+
+
+def _woq_candidates(m: int, k: int, n: int) -> list[Any]:
     from qlower.tuning import gemv, mm
 
     if m <= 2:
@@ -127,12 +145,18 @@ def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
             mm(128, 256, 64, 8, 4), mm(128, 128, 256, 8, 3), mm(128, 256, 128, 8, 3, swap=True)]  # fmt: skip
 
 
-def sweep(results: dict[str, Any], deadline: float, families: list[str], ms: list[int]) -> None:
+def sweep(
+    results: dict[str, Any],
+    deadline: float,
+    families: list[str],
+    ms: list[int],
+    kns: tuple[tuple[int, int], ...] = SHAPES_KN,
+) -> None:
     from qlower import tuning
 
     for family in families:
         table = (tuning.WOQ_INT8_TUNED if family == "woq_int8" else tuning.DYNAMIC_INT8_TUNED).writable()
-        for k, n in SHAPES_KN:
+        for k, n in kns:
             for m in ms:
                 if time.time() > deadline:
                     log("sweep: out of time budget, stopping")
@@ -361,6 +385,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--sweep-m", default=",".join(map(str, SWEEP_M)))
     ap.add_argument("--sweep-families", default="woq_int8,dynamic_int8")
+    ap.add_argument(
+        "--sweep-kn", default=",".join(f"{k}x{n}" for k, n in SHAPES_KN), help="(K, N) list: 4096x4096,..."
+    )
     ap.add_argument("--points", default=DEFAULT_POINTS, help="family:KxN:M,M,...;...")
     ap.add_argument("--dynamic-m", action="store_true", help="also one dynamic-M compile per (K, N)")
     args = ap.parse_args()
@@ -384,7 +411,8 @@ def main() -> None:
         if args.sweep:
             sweep_ms = [int(m) for m in args.sweep_m.split(",")]
             sweep_deadline = T0 + args.budget_s * (0.5 if args.compiled else 1.0)
-            sweep(results, sweep_deadline, args.sweep_families.split(","), sweep_ms)
+            kns = tuple(tuple(int(v) for v in kn.split("x")) for kn in args.sweep_kn.split(","))
+            sweep(results, sweep_deadline, args.sweep_families.split(","), sweep_ms, kns)  # type: ignore[arg-type]
         if args.compiled:
             compiled(results, deadline, parse_points(args.points), args.dynamic_m)
     finally:

@@ -140,6 +140,8 @@ DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 
 # beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K (lab-archive
 # BENCHMARKS.md, "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)" and the compiled table after it)
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
+DECODE_FMA_2ROWS_LONG_K = decode_fma(2, 8, 1024, warps=2)  # M = 2, K >= N (the 2026-12-01 sweep below)
+DECODE_FMA_2ROWS_WIDE = decode_fma(2, 16, 512)  # M = 2, N > K
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
 # woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; lab-archive
@@ -211,6 +213,21 @@ _H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
     # zeroed counter buffer, which a functional op cannot keep.)
     (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
     (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
+    # M 2..16 on the shapes of the whole-decoder benchmark (fused qkv 4096->6144, gate/up 4096->28672) and M = 2
+    # everywhere: kernel sweep of 2026-12-01 (eager launches, 8 rotating weight sets, CUDA-graph replays;
+    # `python scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --sweep-m 2,4,8,16 --sweep-kn
+    # 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`). At M = 2 the FMA decode tile on 2 rows beat the
+    # 16-row MMA tile (7 of 16 rows padding); at N = 6144 and 28672 the 32-column tile beat the 64-column rule.
+    (2, 4096, 4096): DECODE_FMA_2ROWS_LONG_K,  # 10.70 (MM16_NARROW_PTX 11.32)
+    (2, 14336, 4096): DECODE_FMA_2ROWS_LONG_K,  # 30.43 (MM16_NARROW_PTX 32.80)
+    (2, 4096, 6144): DECODE_FMA_2ROWS_WIDE,  # 13.23 (MM16_WIDE_PTX 14.95)
+    (2, 4096, 28672): DECODE_FMA_2ROWS_WIDE,  # 40.05 (MM16_WIDE_PTX 44.59)
+    (4, 4096, 6144): MM16_NARROW_PTX,  # 14.22 (MM16_WIDE_PTX 14.86)
+    (8, 4096, 6144): MM16_NARROW_PTX,  # 13.85 (MM16_WIDE_PTX 14.86)
+    (16, 4096, 6144): MM16_NARROW_PTX,  # 13.77 (MM16_WIDE_PTX 14.96)
+    (4, 4096, 28672): MM16_NARROW_PTX,  # 43.04 (MM16_WIDE_PTX 43.79)
+    (8, 4096, 28672): MM16_NARROW_PTX,  # 36.45 (MM16_WIDE_PTX 43.80)
+    (16, 4096, 28672): MM16_NARROW_PTX,  # 36.52 (MM16_WIDE_PTX 43.94)
 }
 # The TMA sweep on the H200 (2026-11-30; lab-archive BENCHMARKS.md, "CUDA (H200): dynamic_int8, the TMA
 # kernel"; script and raw output at that tag): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
