@@ -177,6 +177,9 @@ def test_package_runs_without_qlower_python_on_the_cpp_ops_library(export, tmp_p
     w = torch.randint(-127, 128, (24, 32), dtype=torch.int8)
     calls = {
         "woq_int8_mm_by_m": ((torch.randn(3, 32, dtype=BF16), w, torch.rand(24, dtype=BF16), 2),),
+        "woq_int8_gemm": (
+            (torch.randn(3, 32, dtype=BF16), w, torch.rand(24, dtype=BF16), None, False, BF16),
+        ),
         "int8_mm_min_m": ((torch.randint(-127, 128, (3, 32), dtype=torch.int8), w, 17),),
         "mx_bytes": ((torch.randint(0, 255, (4, 8), dtype=torch.uint8).view(torch.float8_e8m0fnu),),),
     }

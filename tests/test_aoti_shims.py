@@ -34,6 +34,7 @@ class TestXpuDeclarations(expecttest.TestCase):
             """\
 AOTITorchError aoti_torch_xpu_int8_mm_min_m(AtenTensorHandle x, AtenTensorHandle w_nk, int64_t min_m, AtenTensorHandle* ret0)
 AOTITorchError aoti_torch_xpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)
+AOTITorchError aoti_torch_xpu_woq_int8_gemm(AtenTensorHandle x, AtenTensorHandle w_nk, AtenTensorHandle* scale, AtenTensorHandle* bias, int32_t scale_on_weight, int32_t out_dtype, AtenTensorHandle* ret0)
 AOTITorchError aoti_torch_xpu_woq_int8_mm_by_m(AtenTensorHandle x, AtenTensorHandle w_nk, AtenTensorHandle scale, int64_t max_m_packed, AtenTensorHandle* ret0)""",
         )
 

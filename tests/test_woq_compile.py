@@ -55,10 +55,15 @@ def test_numerics_and_code(form, dtype, sdtype, bias, shape, lowering):
     "form,dtype,sdtype,bias",
     [("gpt_fast", BF16, FP32, True), ("kn_weight", BF16, BF16, False), ("scale_first", FP16, FP16, True)],
 )
-def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias):
+def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias, monkeypatch):
     """Float weights of >= 16 MiB above the packed kernel's M: the int8 -> float copy goes into a per-thread
-    buffer that the next call reuses (a fresh 32 MiB tensor page-faults on every call on the CI VM)."""
+    buffer that the next call reuses (a fresh 32 MiB tensor page-faults on every call on the CI VM). Where
+    qlower.woq_int8_gemm is preferred (its measured M limits, `WOQ_GEMM_MAX_M`) it would take this linear:
+    the limits are emptied here."""
+    from qlower.lowerings.devices import cpu as cpu_lowerings
     from qlower.lowerings.kernels.cpu_scratch import scratch
+
+    monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MAX_M", {})
 
     model = WoqLinear(4096, 2048, dtype, form=form, bias=bias, scale_dtype=sdtype)
     xs = [torch.randn(80, 4096, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in (1, 2)]
@@ -231,9 +236,13 @@ def test_explicit_preference_error_surfaces_through_compile():
         )
 
 
-def test_torchao_large_weight_uses_the_reused_buffer():
+def test_torchao_large_weight_uses_the_reused_buffer(monkeypatch):
     """A real producer: torchao Int8WeightOnlyConfig on a 4096 -> 2048 linear at M = 80 (above the packed
-    kernel's range, float weight 16 MiB): lowered to `qlower.int8_weight_mm`, within eager's error."""
+    kernel's range, float weight 16 MiB): lowered to `qlower.int8_weight_mm`, within eager's error (with
+    qlower.woq_int8_gemm's preference limits emptied, as above)."""
+    from qlower.lowerings.devices import cpu as cpu_lowerings
+
+    monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MAX_M", {})
     torchao_quant = pytest.importorskip("torchao.quantization")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4096, 2048, bias=True)).to(BF16)

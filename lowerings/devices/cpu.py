@@ -19,6 +19,7 @@ from torch._inductor.virtualized import V
 
 from qlower.lowerings.devices.common import int8_operands
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
+from qlower.lowerings.emit.common import product_dtype
 from qlower.lowerings.emit.dynamic_int8 import (
     emit_int_mm,
     emit_qlinear_u8,
@@ -28,10 +29,11 @@ from qlower.lowerings.emit.dynamic_int8 import (
 from qlower.lowerings.emit.woq_int8 import (
     emit_int8_weight_mm,
     emit_int8pack_mm,
+    emit_woq_int8_gemm,
     make_emit_int8pack_by_m,
     weight_scale_range_blocker,
 )
-from qlower.lowerings.kernels import cpu_prepack
+from qlower.lowerings.kernels import cpu_prepack, native
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns.graph_utils import is_static
@@ -77,6 +79,95 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------- qlower.woq_int8_gemm
+# qlower's own CPU GEMM (lowerings/kernels/csrc/woq_gemm.cpp): int8 -> float inside the K loop, converted once
+# per block and reused by every M row, the graph's own arithmetic (tests/test_cpu_woq_gemm.py). AUTO takes it
+# where it was measured faster than every other lowering, per ISA path and activation dtype: the largest
+# static M it is preferred at (None: every M, a dynamic M included; absent: not preferred).
+#
+# Measured on a 2-core AMD EPYC (KVM, AVX2, no AVX512), torch 2.13: eager calls of what each lowering emits,
+# the minimum of 3 interleaved rounds, 4 weight sets rotated; ms at 4096x4096 | 4096x14336, this kernel vs
+# `_weight_int8pack_mm` vs `qlower.int8_weight_mm` (+ the scale):
+#   bf16, 1 thread   M=1 1.33 vs 1.73 vs 7.34 | 5.05 vs 5.95 vs 24.3;   M=4 2.52 vs 3.39 vs 16.9 | 7.91 vs 11.3
+#                    vs 57.6;   M=16 10.9 vs 13.5 vs 53.4 | 36.9 vs 46.7 vs 188;   M=128 73.7 vs 400 | 230 vs
+#                    1392;   M=1024 717 vs 3535 | 2376 vs 12164 (this CPU's bf16 GEMM has no native bf16 unit)
+#   bf16, 2 threads  M=1 0.73 vs 0.81 vs 3.48 | 2.54 vs 2.97 vs 13.5;   M=4 1.29 vs 1.63 vs 8.40 | 4.54 vs 6.14
+#                    vs 30.3;   M=16 5.21 vs 6.35 vs 26.7 | 21.1 vs 29.6 vs 95.7;   M=128 30.5 vs 199 | 108 vs
+#                    703;   M=1024 311 vs 1624 | 1128 vs 5784
+#   fp16, 2 threads, 4096x4096: 0.80 / 6.15 / 30.2 / 714 at M = 1, 16, 128, 1024 vs int8_weight_mm 8.49 / 26.9
+#                    / 171 / 2788 (_weight_int8pack_mm at M = 1: 11.1)
+#   fp32, 2 threads, 4096x4096: 0.73 / 5.03 / 63.8 / 504 vs 5.50 / 13.6 / 92.1 / 474; 1 thread M=128 69.4 vs
+#                    73.7, M=1024 553 vs 496 (int8_weight_mm's fp32 GEMM wins there): up to M = 128.
+# Not measured on AVX512 CPUs yet: AUTO keeps the other lowerings there (tests/test_cpu_woq_gemm.py runs the
+# kernel's AVX512 paths there).
+WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
+WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], int | None] = {
+    ("avx2", torch.bfloat16): None,
+    ("avx2", torch.float16): None,
+    ("avx2", torch.float32): 128,
+}
+# K * N below this: not preferred (at 1024^2, M = 1, 1 thread, it tied with `_weight_int8pack_mm`: 0.16 vs
+# 0.15 ms; at 2048^2 it was 1.1-1.5x faster at M = 1..16)
+WOQ_GEMM_MIN_WEIGHT = 2**22
+
+
+def cpu_woq_isa() -> str:
+    """The ISA path qlower::woq_int8_gemm takes on this CPU: QLOWER_CPU_WOQ_ISA, else the best available
+    (the kernel decides the same way at run time with `__builtin_cpu_supports`)."""
+    forced = os.environ.get(WOQ_GEMM_ISA_ENV)
+    if forced:
+        return forced
+    if torch.cpu._is_avx512_bf16_supported():
+        return "avx512_bf16"
+    if torch.cpu._is_avx512_supported():
+        return "avx512"
+    return "avx2" if torch.cpu._is_avx2_supported() else "scalar"
+
+
+def _supports_woq_gemm(rec: QuantLinear) -> str | None:
+    if rec.compute_dtype not in PACKED_MAX_M:
+        return f"activation dtype {rec.compute_dtype} is not bf16/fp16/fp32"
+    if rec.weight_scale is not None and product_dtype(rec) not in (rec.compute_dtype, torch.float32):
+        return f"the graph's scale product is {product_dtype(rec)}: the kernel scales in fp32"
+    if not native.compiler_available():
+        return "no C++ compiler on PATH to build the kernel (lowerings/kernels/native.py)"
+    return None
+
+
+def woq_gemm_preferred(rec: QuantLinear) -> str | None:
+    """None where AUTO takes qlower.woq_int8_gemm over the other CPU woq lowerings (WOQ_GEMM_MAX_M), else why not."""
+    isa = cpu_woq_isa()
+    if (isa, rec.compute_dtype) not in WOQ_GEMM_MAX_M:
+        return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
+    max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
+    if not (is_static(rec.k) and is_static(rec.n)) or int(rec.k) * int(rec.n) < WOQ_GEMM_MIN_WEIGHT:
+        return f"K*N={rec.k}*{rec.n} < {WOQ_GEMM_MIN_WEIGHT}: not measured faster (WOQ_GEMM_MIN_WEIGHT)"
+    if rec.weight_layout != "NK":
+        return "a [K, N] weight: the kernel packs it with a scalar transpose"
+    if max_m is not None and not (is_static(rec.m) and int(rec.m) <= max_m):
+        return f"M={rec.m} is not <= {max_m}, the largest M measured faster on the {isa} path"
+    return None
+
+
+def _defer_to_woq_gemm(rec: QuantLinear) -> str | None:
+    """`prefer` of the lowerings ranked above qlower.woq_int8_gemm: AUTO passes them over where it wins."""
+    if _supports_woq_gemm(rec) is None and woq_gemm_preferred(rec) is None:
+        return "qlower.woq_int8_gemm was measured faster here (WOQ_GEMM_MAX_M)"
+    return None
+
+
+WOQ_INT8_GEMM_CPU = Lowering(
+    name="qlower.woq_int8_gemm",
+    family="woq_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_woq_gemm,
+    emit=emit_woq_int8_gemm,
+    prefer=woq_gemm_preferred,
+    doc="qlower's CPU GEMM converting int8 inside the K loop (AVX512-BF16/AVX512/AVX2/scalar), scale and "
+    "bias in its epilogue",
+)
+
+
 WOQ_INT8_PACKED_CPU = Lowering(
     name="aten._weight_int8pack_mm",
     family="woq_int8",
@@ -84,6 +175,7 @@ WOQ_INT8_PACKED_CPU = Lowering(
     supports=_supports_packed_static_m,
     emit=emit_int8pack_mm,
     doc="packed int8 weight GEMV; wins at small M",
+    prefer=_defer_to_woq_gemm,
 )
 
 WOQ_INT8_PACKED_BY_M_CPU = Lowering(
@@ -93,6 +185,7 @@ WOQ_INT8_PACKED_BY_M_CPU = Lowering(
     supports=_supports_packed_by_m,
     emit=lambda graph, rec: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(graph, rec),
     doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
+    prefer=_defer_to_woq_gemm,
 )
 
 
@@ -127,6 +220,7 @@ WOQ_INT8_SCRATCH_MM_CPU = Lowering(
     emit=emit_int8_weight_mm,
     doc="int8 weight converted (and scaled, where the graph scales it) into a reused per-thread buffer, float "
     "GEMM, an output scale in the epilogue",
+    prefer=_defer_to_woq_gemm,
 )
 
 
@@ -346,6 +440,7 @@ def register() -> None:
             WOQ_INT8_PACKED_CPU,
             WOQ_INT8_PACKED_BY_M_CPU,
             WOQ_INT8_SCRATCH_MM_CPU,
+            WOQ_INT8_GEMM_CPU,
             WOQ_INT8_DEQUANT_MM,
             DYNAMIC_INT8_QLINEAR_CPU,
             DYNAMIC_INT8_QLINEAR_CACHED_CPU,
@@ -356,5 +451,6 @@ def register() -> None:
         ],
         describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
         replace=True,
-        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH),  # read by cpu_int8_isa, the prepack cache rule
+        # read by cpu_int8_isa, the prepack cache rule, cpu_woq_isa
+        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH, WOQ_GEMM_ISA_ENV),
     )

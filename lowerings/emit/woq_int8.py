@@ -1,10 +1,13 @@
-"""Emitters for woq-int8 records: the ATen packed kernel, a guarded choice by M, and fused dequant + mm.
+"""Emitters for woq-int8 records: the ATen packed kernel, a guarded choice by M, fused dequant + mm, and
+qlower's CPU GEMM with the conversion inside its K loop.
 
 These say *how* to build each kernel call; which device uses which (and when) is decided in the per-device
 modules through `supports` rules.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import fx
@@ -162,3 +165,37 @@ def emit_int8_weight_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         s = em.call(aten.scalar_tensor.default, float(s), dtype=wide, device=rec.device)
     core = em.call(int8_scaled_weight_mm, x, rec.weight, em.contiguous(s), kn, out)
     return finish(em, rec, core)
+
+
+def _fused_bias(em: Emitter, rec: QuantLinear, core_dtype: torch.dtype) -> fx.Node | None:
+    """The bias as an [N] operand of `qlower::woq_int8_gemm`, where adding it in the kernel (fp32, rounded to
+    the output dtype) is what `finish` computes: the output already has the kernel's dtype, and the bias
+    does not widen it. Else None: `finish` adds it after the kernel."""
+    if rec.bias is None or rec.out_dtype != core_dtype:
+        return None
+    bv = tensor_val(rec.bias)
+    if bv is None or bv.numel() != rec.n or torch.promote_types(bv.dtype, core_dtype) != core_dtype:
+        return None
+    return rec.bias if bv.dim() == 1 else em.reshape(rec.bias, [rec.n])
+
+
+def emit_woq_int8_gemm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    """`qlower::woq_int8_gemm` (lowerings/kernels/csrc/woq_gemm.cpp): the int8 weight converted inside the
+    GEMM's K loop, in the graph's own arithmetic. Output scale (`F.linear(x, w.to(x.dtype)) * s`): the fp32 sums
+    rounded to x's dtype, then times the scale in fp32, rounded to the graph's product dtype. Weight scale
+    (`F.linear(x, w.to(x.dtype) * s)`): the kernel rounds `w * s` as the graph does (inf in fp16 where the
+    graph's weight is). A [K, N] weight is passed as its transposed view (the kernel reads either layout).
+
+    Builds and loads the in-process kernel library now (lowerings/kernels/native.py), so the first call does
+    not pay the build."""
+    from qlower.lowerings.kernels import native
+
+    native.ops()
+    em = Emitter(graph, rec.output)
+    w_nk = rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
+    on_weight = rec.weight_scale is not None and scale_on_weight(rec)
+    scale = None if rec.weight_scale is None else scale_vector(em, rec, torch.float32)
+    core_dtype = rec.compute_dtype if rec.weight_scale is None or on_weight else product_dtype(rec)
+    bias = _fused_bias(em, rec, core_dtype)
+    core = em.call(custom_ops.woq_int8_gemm, rec.x, w_nk, scale, bias, on_weight, core_dtype)
+    return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -102,6 +102,43 @@ def _(x: torch.Tensor, w: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
 
 int8_weight_mm = torch.ops.qlower.int8_weight_mm.default
 
+
+@torch.library.custom_op("qlower::woq_int8_gemm", mutates_args=())
+def _woq_int8_gemm(
+    x: torch.Tensor,
+    w_nk: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale_on_weight: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """x [M, K] @ w_nk int8 [N, K].T on CPU with the int8 -> float conversion inside the GEMM's K loop, in the
+    graph's own arithmetic: fp32 sums rounded to x's dtype, then `* scale` (fp32, rounded to `out_dtype`) and
+    `+ bias`; with `scale_on_weight` the weight is `round(w * scale)` as `w.to(dtype) * s` rounds it instead.
+
+    The C++ kernel is lowerings/kernels/csrc/woq_gemm.cpp (the same in libqlower_ops.so for AOTInductor),
+    called through the in-process library of lowerings/kernels/native.py (built at first use). w_nk may be a
+    transposed view of a [K, N] weight.
+    """
+    from qlower.lowerings.kernels import native
+
+    return native.ops().woq_int8_gemm(x, w_nk, scale, bias, scale_on_weight, out_dtype)
+
+
+@_woq_int8_gemm.register_fake
+def _(
+    x: torch.Tensor,
+    w_nk: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scale_on_weight: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_nk.shape[0]), dtype=out_dtype)
+
+
+woq_int8_gemm = torch.ops.qlower.woq_int8_gemm.default
+
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
 # cache): they never reach a package, so they get no C shim and no C++ kernel.
 PYTHON_RUNTIME_ONLY = frozenset(

@@ -1,0 +1,959 @@
+// qlower::woq_int8_gemm: x [M, K] (bf16/fp16/fp32) @ w [N, K] int8, with the int8 -> float conversion inside
+// the K loop, on CPU (issue 20). It computes the user's formula with the user's own roundings, up to the order
+// of the fp32 sums:
+//   acc[m, n] = sum_k x[m, k] * w'[n, k] in fp32, w' = w (exact in every activation dtype), or, when the graph
+//               scales the weight (`w.to(dtype) * s`), w' = round_dtype(fp32(w) * s[n]) as the graph rounds it;
+//   y = round_dtype(acc)                                  (the matmul's rounding to x's dtype)
+//   y = round_out(fp32(y) * s[n]) if the scale is on the output (`F.linear(x, w.to(dtype)) * s`), in fp32;
+//   y = round_out(fp32(y) + bias[n]) if a bias is given.
+// Products of bf16/fp16 activations and int8 weights are exact in fp32; fp32 activations round each product
+// as F.linear's own FMAs do. The AVX512-BF16 path (vdpbf16ps) treats bf16 denormals as zero, like oneDNN's bf16
+// GEMM on the same instruction.
+//
+// Kernel (a dot-product formulation: both operands are contiguous along K, so neither is transposed):
+// - threads over blocks of N columns (and of M rows for large M), each block [mb x nb] summed over K blocks
+//   into a thread-local fp32 strip, then finished (roundings, scale, bias) by a vectorized epilogue;
+// - M <= 8 (decode): the int8 rows are converted in registers right where the FMAs read them, one pass over
+//   K per 4 rows;
+// - larger M: each int8 [nb x kc] block is converted once into a thread-local float (or bf16) buffer and
+//   reused by every M row of the block;
+// - micro-kernel: MR rows x NR columns of vector accumulators over K, horizontal sums at the end of a K block.
+// Timings against the other CPU lowerings: lowerings/devices/cpu.py (WOQ_GEMM_MAX_M).
+// ISA: AVX512-BF16 vdpbf16ps for bf16 x, else AVX512 or AVX2 fp32 FMA, else a scalar loop; chosen at run time
+// (`__builtin_cpu_supports`), each compiled under `#pragma GCC target` so one library serves every x86-64 CPU.
+// `QLOWER_CPU_WOQ_ISA=scalar|avx2|avx512|avx512_bf16` forces a path (an error where the CPU lacks it).
+// The ISA-generic part (the QLOWER_WOQ_GEMM_BODY section at the end) is included once per ISA namespace.
+//
+// Built twice: into libqlower_ops.so (lowerings/aoti/build.py; the schema comes from the Python registration in
+// lowerings/kernels/custom_ops.py), and, with QLOWER_IN_PROCESS defined, into libqlower_native.so under the
+// private namespace `qlower_native`, which qlower's Python op calls (lowerings/kernels/native.py).
+// Tests: tests/test_cpu_woq_gemm.py.
+#ifndef QLOWER_WOQ_GEMM_BODY
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define QLOWER_WOQ_X86 1
+#include <immintrin.h>
+#endif
+
+namespace qlower::woq {
+
+enum class DType : int { F32, BF16, F16 };
+
+inline int64_t elem_size(DType dt) {
+  return dt == DType::F32 ? 4 : 2;
+}
+
+// One call's operands. x rows have unit inner stride; w is [N, K] with strides (sn, sk), sk == 1 (as F.linear
+// stores it) or sn == 1 (a [K, N] weight seen transposed). scale and bias are fp32 [N] or null.
+struct Problem {
+  const void* x;
+  int64_t lda;
+  DType act;
+  const int8_t* w;
+  int64_t sn, sk;
+  const float* scale;
+  const float* bias;
+  bool scale_on_weight;
+  void* out;
+  int64_t ldo;
+  DType out_dt;
+  int64_t M, N, K;
+};
+
+// A block of w: rows [n0, n0 + nb), K range [k0, k0 + kc).
+struct Block {
+  int64_t n0, nb, k0, kc;
+};
+
+// Prefetches row j of `next` (the block the next pack_b call converts) while pack_b converts its own row j:
+// a block's rows are kc bytes each and K bytes apart, too short for the hardware prefetcher to ramp up on
+// (without it, the buffered path of a 4096x4096 weight took 4 ms more than the in-register one).
+inline void prefetch_row(const Problem& p, const Block& next, int64_t j) {
+  if (j >= next.nb || p.sk != 1) {
+    return;
+  }
+  const char* row = reinterpret_cast<const char*>(p.w + (next.n0 + j) * p.sn + next.k0);
+  for (int64_t off = 0; off < next.kc; off += 64) {
+    __builtin_prefetch(row + off, 0, 3);
+  }
+}
+
+constexpr int kMaxMr = 4;
+constexpr int kMaxNr = 8;
+
+// c[i * ldc + j] += sum_k a[i][k] * b[j][k] for an MR x NR tile over kc elements of K.
+using TileFn = void (*)(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t kc, float* c,
+                        int64_t ldc);
+
+// The kernels of one ISA path.
+struct Kernels {
+  const char* name;
+  int mr_max;
+  int nr_direct[kMaxMr + 1];  // widest tile per MR when B is read as int8 rows of w
+  int nr_packed[kMaxMr + 1];  // ... when B is read from the converted buffer
+  bool a_bf16;                // tiles read A as bf16 (x itself); else as fp32
+  int64_t b_elem;             // bytes per converted B element (4: fp32, 2: bf16)
+  TileFn direct[kMaxMr + 1][kMaxNr + 1];
+  TileFn packed[kMaxMr + 1][kMaxNr + 1];
+  // rows x kc activations from `src` (row stride lda) -> fp32 dst (row stride ldd)
+  void (*pack_a)(const void* src, DType dt, int64_t lda, int64_t rows, int64_t kc, float* dst, int64_t ldd);
+  // block b of w -> converted rows of dst (row stride ldd elements), scaled if the graph scales the weight;
+  // prefetches block `next`
+  void (*pack_b)(const Problem& p, const Block& b, const Block& next, void* dst, int64_t ldd);
+  // fp32 sums c [mb x nb] -> out[m0 :, n0 :] with the roundings, scale and bias of the formula
+  void (*epilogue)(const Problem& p, const float* c, int64_t ldc, int64_t m0, int64_t mb, int64_t n0,
+                   int64_t nb);
+};
+
+// ---- scalar conversions (round to nearest even, as c10 and the vector paths do)
+
+inline float bf16_to_f(uint16_t bits) {
+  return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits()));
+}
+
+inline uint16_t f_to_bf16(float v) {
+  return c10::BFloat16(v).x;
+}
+
+inline float f16_to_f(uint16_t bits) {
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+inline uint16_t f_to_f16(float v) {
+  return c10::Half(v).x;
+}
+
+inline float round_scalar(DType dt, float v) {
+  switch (dt) {
+    case DType::BF16:
+      return bf16_to_f(f_to_bf16(v));
+    case DType::F16:
+      return f16_to_f(f_to_f16(v));
+    default:
+      return v;
+  }
+}
+
+inline float load_scalar(DType dt, const void* base, int64_t i) {
+  switch (dt) {
+    case DType::BF16:
+      return bf16_to_f(static_cast<const uint16_t*>(base)[i]);
+    case DType::F16:
+      return f16_to_f(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+inline void store_scalar(DType dt, void* base, int64_t i, float v) {
+  switch (dt) {
+    case DType::BF16:
+      static_cast<uint16_t*>(base)[i] = f_to_bf16(v);
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(base)[i] = f_to_f16(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+  }
+}
+
+// A rounding the compiler must not fuse away: without it `y * s + b` may become one FMA (GCC contracts
+// even intrinsics), while the formula rounds y * s before adding the bias.
+inline float keep_scalar(float v) {
+  volatile float t = v;
+  return t;
+}
+
+// The formula's epilogue for one element (the vector paths compute the same, lane by lane).
+inline float finish_scalar(const Problem& p, float v, int64_t n) {
+  v = round_scalar(p.act, v);
+  if (p.scale != nullptr && !p.scale_on_weight) {
+    v = keep_scalar(v * p.scale[n]);
+    if (p.bias != nullptr) {
+      v = round_scalar(p.out_dt, v);
+    }
+  }
+  if (p.bias != nullptr) {
+    v = v + p.bias[n];
+  }
+  return v;
+}
+
+}  // namespace qlower::woq
+
+#define QLOWER_WOQ_GEMM_BODY 1
+
+// ---- scalar: the fallback, and the reference for the vector paths' logic (the same body with W = 1)
+namespace qlower::woq::scalar {
+struct Isa {
+  static constexpr int W = 1;
+  static constexpr int kMr = 4;
+  static constexpr int kNrDirect[kMaxMr + 1] = {0, 4, 4, 4, 4};
+  static constexpr int kNrPacked[kMaxMr + 1] = {0, 4, 4, 4, 4};
+  using V = float;
+  static V zero() { return 0.f; }
+  static V set1(float v) { return v; }
+  static V loadu(const float* p) { return *p; }
+  static void storeu(float* p, V v) { *p = v; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V keep(V v) { return keep_scalar(v); }
+  static V load_i8(const int8_t* p) { return static_cast<float>(*p); }
+  static V load_bf16(const uint16_t* p) { return bf16_to_f(*p); }
+  static V load_f16(const uint16_t* p) { return f16_to_f(*p); }
+  static V round_bf16(V v) { return round_scalar(DType::BF16, v); }
+  static V round_f16(V v) { return round_scalar(DType::F16, v); }
+  static void store_bf16(uint16_t* p, V v) { *p = f_to_bf16(v); }
+  static void store_f16(uint16_t* p, V v) { *p = f_to_f16(v); }
+  static float hsum(V v) { return v; }
+};
+#include __FILE__
+}  // namespace qlower::woq::scalar
+
+#ifdef QLOWER_WOQ_X86
+
+// ---- AVX2 + FMA + F16C: 8 fp32 lanes, 16 registers (MR x NR accumulators + NR B vectors + 1 A vector)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace qlower::woq::avx2 {
+struct Isa {
+  static constexpr int W = 8;
+  static constexpr int kMr = 4;
+  static constexpr int kNrDirect[kMaxMr + 1] = {0, 7, 5, 3, 3};
+  static constexpr int kNrPacked[kMaxMr + 1] = {0, 7, 5, 3, 3};
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V keep(V v) {
+    asm volatile("" : "+x"(v));
+    return v;
+  }
+  static V load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static V load_bf16(const uint16_t* p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // fp32 bits rounded to bf16 (nearest even) in the high half, low half zero; NaN -> 0x7FC0 as c10 does
+  static __m256i bf16_bits32(V v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+    r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
+  }
+  static V round_bf16(V v) { return _mm256_castsi256_ps(bf16_bits32(v)); }
+  static V round_f16(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+  static void store_bf16(uint16_t* p, V v) {
+    const __m256i r = _mm256_srli_epi32(bf16_bits32(v), 16);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static void store_f16(uint16_t* p, V v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+};
+#include __FILE__
+}  // namespace qlower::woq::avx2
+#pragma GCC pop_options
+
+// ---- AVX512 (F, BW, VL, DQ) + FMA + F16C: 16 fp32 lanes, 32 registers
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace qlower::woq::avx512 {
+struct Isa {
+  static constexpr int W = 16;
+  static constexpr int kMr = 4;
+  static constexpr int kNrDirect[kMaxMr + 1] = {0, 8, 8, 7, 6};
+  static constexpr int kNrPacked[kMaxMr + 1] = {0, 8, 8, 7, 6};
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V keep(V v) {
+    asm volatile("" : "+v"(v));
+    return v;
+  }
+  static V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static V load_bf16(const uint16_t* p) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512i bf16_bits32(V v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+    r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC00000));
+  }
+  static V round_bf16(V v) { return _mm512_castsi512_ps(bf16_bits32(v)); }
+  static V round_f16(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+  static __m256i bf16_of(V v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits32(v), 16)); }
+  static void store_bf16(uint16_t* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(v));
+  }
+  static void store_f16(uint16_t* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+};
+#include __FILE__
+}  // namespace qlower::woq::avx512
+#pragma GCC pop_options
+
+// ---- AVX512-BF16: bf16 x against bf16 B pairs with vdpbf16ps (int8 -> bf16 is exact); the rest is avx512's
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace qlower::woq::avx512_bf16 {
+using Isa = avx512::Isa;
+using V = Isa::V;
+constexpr int kStep = 32;  // bf16 elements per vdpbf16ps
+
+inline __m512bh bf16x32_of_i8(const int8_t* p) {
+  const V lo = Isa::load_i8(p);
+  const V hi = Isa::load_i8(p + 16);
+  return _mm512_cvtne2ps_pbh(hi, lo);  // elements 0..15 from lo, 16..31 from hi; exact for int8 values
+}
+
+inline __m512bh load_b32(const int8_t* p) {
+  return bf16x32_of_i8(p);
+}
+
+inline __m512bh load_b32(const uint16_t* p) {
+  return (__m512bh)_mm512_loadu_si512(p);
+}
+
+inline float scalar_b(const int8_t* p) {
+  return static_cast<float>(*p);
+}
+
+inline float scalar_b(const uint16_t* p) {
+  return bf16_to_f(*p);
+}
+
+template <int MR, int NR, class BT>
+void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, float* c, int64_t ldc) {
+  const uint16_t* a = static_cast<const uint16_t*>(a_);
+  const BT* b = static_cast<const BT*>(b_);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = _mm512_setzero_ps();
+    }
+  }
+  const int64_t kv = kc / kStep * kStep;
+  for (int64_t k = 0; k < kv; k += kStep) {
+    __m512bh bv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      bv[j] = load_b32(b + j * ldb + k);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_loadu_si512(a + i * lda + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = _mm512_reduce_add_ps(acc[i][j]);
+      for (int64_t k = kv; k < kc; ++k) {
+        s += bf16_to_f(a[i * lda + k]) * scalar_b(b + j * ldb + k);
+      }
+      c[i * ldc + j] += s;
+    }
+  }
+}
+
+// w block -> bf16 rows: exact for int8; the graph's scaled weight is rounded to bf16 as the graph rounds it.
+void pack_b(const Problem& p, const Block& blk, const Block& next, void* dst_, int64_t ldd) {
+  const int64_t n0 = blk.n0, nb = blk.nb, k0 = blk.k0, kc = blk.kc;
+  uint16_t* dst = static_cast<uint16_t*>(dst_);
+  const bool scaled = p.scale_on_weight;
+  if (p.sk == 1) {
+    const int64_t kv = kc / Isa::W * Isa::W;
+    for (int64_t j = 0; j < nb; ++j) {
+      prefetch_row(p, next, j);
+      const int8_t* src = p.w + (n0 + j) * p.sn + k0;
+      uint16_t* d = dst + j * ldd;
+      const float s = scaled ? p.scale[n0 + j] : 1.f;
+      const V sv = Isa::set1(s);
+      for (int64_t k = 0; k < kv; k += Isa::W) {
+        V v = Isa::load_i8(src + k);
+        if (scaled) {
+          v = Isa::round_bf16(Isa::mul(v, sv));
+        }
+        Isa::store_bf16(d + k, v);
+      }
+      for (int64_t k = kv; k < kc; ++k) {
+        d[k] = f_to_bf16(scaled ? static_cast<float>(src[k]) * s : static_cast<float>(src[k]));
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const int8_t* src = p.w + (k0 + k) * p.sk + n0 * p.sn;
+    for (int64_t j = 0; j < nb; ++j) {
+      const float v = static_cast<float>(src[j * p.sn]);
+      dst[j * ldd + k] = f_to_bf16(scaled ? v * p.scale[n0 + j] : v);
+    }
+  }
+}
+
+template <class BT, int MR, int NR>
+void fill(TileFn (&row)[kMaxNr + 1]) {
+  row[NR] = &tile<MR, NR, BT>;
+  if constexpr (NR > 1) {
+    fill<BT, MR, NR - 1>(row);
+  }
+}
+
+constexpr int kNrDirect[kMaxMr + 1] = {0, 8, 8, 6, 5};  // int8 -> bf16 in registers takes two more
+constexpr int kNrPacked[kMaxMr + 1] = {0, 8, 8, 7, 6};
+
+Kernels make_kernels() {
+  Kernels k{};
+  k.name = "avx512_bf16";
+  k.mr_max = 4;
+  for (int mr = 0; mr <= kMaxMr; ++mr) {
+    k.nr_direct[mr] = kNrDirect[mr];
+    k.nr_packed[mr] = kNrPacked[mr];
+  }
+  k.a_bf16 = true;
+  k.b_elem = 2;
+  fill<int8_t, 1, kNrDirect[1]>(k.direct[1]);
+  fill<int8_t, 2, kNrDirect[2]>(k.direct[2]);
+  fill<int8_t, 3, kNrDirect[3]>(k.direct[3]);
+  fill<int8_t, 4, kNrDirect[4]>(k.direct[4]);
+  fill<uint16_t, 1, kNrPacked[1]>(k.packed[1]);
+  fill<uint16_t, 2, kNrPacked[2]>(k.packed[2]);
+  fill<uint16_t, 3, kNrPacked[3]>(k.packed[3]);
+  fill<uint16_t, 4, kNrPacked[4]>(k.packed[4]);
+  k.pack_a = nullptr;  // A is x itself
+  k.pack_b = &pack_b;
+  k.epilogue = &avx512::epilogue;
+  return k;
+}
+}  // namespace qlower::woq::avx512_bf16
+#pragma GCC pop_options
+
+#endif  // QLOWER_WOQ_X86
+
+#undef QLOWER_WOQ_GEMM_BODY
+
+namespace qlower::woq {
+
+// ---- run-time ISA choice
+
+enum class Level : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
+constexpr const char* kLevelNames[] = {"scalar", "avx2", "avx512", "avx512_bf16"};
+
+bool cpu_has(Level level) {
+#ifdef QLOWER_WOQ_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  switch (level) {
+    case Level::Scalar:
+      return true;
+    case Level::Avx2:
+      return avx2;
+    case Level::Avx512:
+      return avx512;
+    case Level::Avx512Bf16:
+      return avx512 && __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+#else
+  return level == Level::Scalar;
+#endif
+}
+
+std::string supported_isas() {
+  std::string names;
+  for (int i = 0; i <= static_cast<int>(Level::Avx512Bf16); ++i) {
+    if (cpu_has(static_cast<Level>(i))) {
+      names += (names.empty() ? "" : ",");
+      names += kLevelNames[i];
+    }
+  }
+  return names;
+}
+
+// The level this call runs at: QLOWER_CPU_WOQ_ISA if set (checked against the CPU), else the best one.
+Level chosen_level() {
+  const char* forced = std::getenv("QLOWER_CPU_WOQ_ISA");
+  if (forced != nullptr && forced[0] != '\0') {
+    for (int i = 0; i <= static_cast<int>(Level::Avx512Bf16); ++i) {
+      if (std::strcmp(forced, kLevelNames[i]) == 0) {
+        const Level level = static_cast<Level>(i);
+        TORCH_CHECK(cpu_has(level), "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_ISA=", forced,
+                    " but this CPU supports only ", supported_isas());
+        return level;
+      }
+    }
+    TORCH_CHECK(false, "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_ISA=", forced,
+                " is not one of scalar, avx2, avx512, avx512_bf16");
+  }
+  static const Level best = [] {
+    for (int i = static_cast<int>(Level::Avx512Bf16); i > 0; --i) {
+      if (cpu_has(static_cast<Level>(i))) {
+        return static_cast<Level>(i);
+      }
+    }
+    return Level::Scalar;
+  }();
+  return best;
+}
+
+// Each table is built on first use only: building one runs code of its ISA (a CPU without AVX512 must never
+// run avx512::make_kernels, whose stores may use zmm registers).
+const Kernels& kernels_for(Level level, DType act) {
+#ifdef QLOWER_WOQ_X86
+  if (level == Level::Avx512Bf16 && act == DType::BF16) {  // vdpbf16ps only serves bf16 activations
+    static const Kernels k = avx512_bf16::make_kernels();
+    return k;
+  }
+  if (level == Level::Avx512 || level == Level::Avx512Bf16) {
+    static const Kernels k = avx512::make_kernels("avx512");
+    return k;
+  }
+  if (level == Level::Avx2) {
+    static const Kernels k = avx2::make_kernels("avx2");
+    return k;
+  }
+#endif
+  (void)level;
+  (void)act;
+  static const Kernels k = scalar::make_kernels("scalar");
+  return k;
+}
+
+// ---- the blocked driver (ISA-independent: it calls the chosen path's kernels)
+
+constexpr int64_t kKc = 1024;  // K block of the buffered path
+constexpr int64_t kNc = 64;    // N columns per work unit
+constexpr int64_t kMc = 256;   // M rows per work unit
+constexpr int64_t kDirectMaxM = 8;
+
+template <class T>
+T* grown(std::vector<T>& buf, size_t n) {
+  if (buf.size() < n) {
+    buf.resize(n);
+  }
+  return buf.data();
+}
+
+void run(const Problem& p, const Kernels& kk) {
+  // M <= kDirectMaxM: the int8 rows converted in registers, one pass over all of K per MR rows (the unit's
+  // int8 rows, nb x K bytes, are still in L2 for the second); else K blocks whose converted B buffer serves
+  // every M row of the unit.
+  const bool direct = p.M <= kDirectMaxM && p.sk == 1 && !p.scale_on_weight;
+  const bool a_direct = kk.a_bf16 || p.act == DType::F32;
+  const int64_t kc_max = direct ? std::max<int64_t>(p.K, 1) : std::min(kKc, std::max<int64_t>(p.K, 1));
+  // Row strides of the thread-local buffers: a multiple of 4 KiB (K = 1024 fp32) would put every row of a
+  // tile in the same L1 set; one cache line more keeps them apart.
+  const int64_t ld_a = (kc_max + 15) / 16 * 16 + 16;
+  const int64_t ld_b = (kc_max + 31) / 32 * 32 + 64 / kk.b_elem;
+  const int64_t m_blocks = (p.M + kMc - 1) / kMc;
+  const int64_t n_blocks = (p.N + kNc - 1) / kNc;
+  const int64_t a_es = elem_size(p.act);
+  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> c_buf, a_buf, b_buf;
+    float* c = grown(c_buf, static_cast<size_t>(std::min(kMc, p.M) * kNc));
+    float* a_pack = a_direct ? nullptr : grown(a_buf, static_cast<size_t>(kk.mr_max * ld_a));
+    void* b_pack = direct ? nullptr : grown(b_buf, static_cast<size_t>((kNc * ld_b * kk.b_elem + 3) / 4));
+    int64_t packed_row = -1, packed_k = -1;  // the A tile in a_pack (valid within this call)
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t m0 = (u / n_blocks) * kMc, mb = std::min(kMc, p.M - m0);
+      const int64_t n0 = (u % n_blocks) * kNc, nb = std::min(kNc, p.N - n0);
+      std::fill(c, c + mb * kNc, 0.f);
+      for (int64_t k0 = 0; k0 < p.K; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, p.K - k0);
+        if (!direct) {
+          Block next{0, 0, 0, 0};  // this unit's next K block, else the next unit's first
+          if (k0 + kc < p.K) {
+            next = {n0, nb, k0 + kc, std::min(kc_max, p.K - k0 - kc)};
+          } else if (u + 1 < hi) {
+            const int64_t n1 = ((u + 1) % n_blocks) * kNc;
+            next = {n1, std::min(kNc, p.N - n1), 0, std::min(kc_max, p.K)};
+          }
+          kk.pack_b(p, Block{n0, nb, k0, kc}, next, b_pack, ld_b);
+        }
+        for (int64_t i = 0; i < mb;) {
+          const int mr = static_cast<int>(std::min<int64_t>(kk.mr_max, mb - i));
+          const char* a_src = static_cast<const char*>(p.x) + ((m0 + i) * p.lda + k0) * a_es;
+          const void* a = a_src;
+          int64_t lda = p.lda;
+          if (!a_direct) {
+            if (packed_row != m0 + i || packed_k != k0) {
+              kk.pack_a(a_src, p.act, p.lda, mr, kc, a_pack, ld_a);
+              packed_row = m0 + i;
+              packed_k = k0;
+            }
+            a = a_pack;
+            lda = ld_a;
+          }
+          const int nr_max = direct ? kk.nr_direct[mr] : kk.nr_packed[mr];
+          for (int64_t j = 0; j < nb;) {
+            const int nr = static_cast<int>(std::min<int64_t>(nr_max, nb - j));
+            float* cij = c + i * kNc + j;
+            if (direct) {
+              kk.direct[mr][nr](a, lda, p.w + (n0 + j) * p.sn + k0, p.sn, kc, cij, kNc);
+            } else {
+              const void* b = static_cast<const char*>(b_pack) + j * ld_b * kk.b_elem;
+              kk.packed[mr][nr](a, lda, b, ld_b, kc, cij, kNc);
+            }
+            j += nr;
+          }
+          i += mr;
+        }
+      }
+      kk.epilogue(p, c, kNc, m0, mb, n0, nb);
+    }
+  });
+}
+
+DType dtype_of(at::ScalarType t, const char* what) {
+  switch (t) {
+    case at::kFloat:
+      return DType::F32;
+    case at::kBFloat16:
+      return DType::BF16;
+    case at::kHalf:
+      return DType::F16;
+    default:
+      TORCH_CHECK(false, "qlower::woq_int8_gemm: ", what, " must be float32, bfloat16 or float16, got ", t);
+  }
+}
+
+at::Tensor channel_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what) {
+  const at::Tensor& v = *t;
+  TORCH_CHECK(v.device().is_cpu() && v.numel() == n, "qlower::woq_int8_gemm: ", what,
+              " must be a CPU tensor of N = ", n, " elements, got ", v.sizes());
+  dtype_of(v.scalar_type(), what);
+  return v.to(at::kFloat).contiguous().reshape({n});
+}
+
+}  // namespace qlower::woq
+
+namespace qlower {
+
+// x [M, K] @ w_nk [N, K] int8 .T, scaled and biased as the formula at the top of this file says.
+at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std::optional<at::Tensor>& scale,
+                         const std::optional<at::Tensor>& bias, bool scale_on_weight, at::ScalarType out_dtype) {
+  using namespace qlower::woq;
+  TORCH_CHECK(x.dim() == 2 && w_nk.dim() == 2, "qlower::woq_int8_gemm: x and w_nk must be 2-D, got ",
+              x.sizes(), " and ", w_nk.sizes());
+  TORCH_CHECK(x.device().is_cpu() && w_nk.device().is_cpu(), "qlower::woq_int8_gemm runs on CPU tensors");
+  TORCH_CHECK(w_nk.scalar_type() == at::kChar, "qlower::woq_int8_gemm: w_nk must be int8, got ",
+              w_nk.scalar_type());
+  const int64_t M = x.size(0), K = x.size(1), N = w_nk.size(0);
+  TORCH_CHECK(w_nk.size(1) == K, "qlower::woq_int8_gemm: x is [", M, ", ", K, "] but w_nk is ", w_nk.sizes());
+  TORCH_CHECK(!scale_on_weight || scale.has_value(), "qlower::woq_int8_gemm: scale_on_weight without a scale");
+  Problem p{};
+  p.act = dtype_of(x.scalar_type(), "x");
+  p.out_dt = dtype_of(out_dtype, "out_dtype");
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) {
+    return out;
+  }
+  const at::Tensor xc = (x.stride(1) == 1 || K <= 1) ? x : x.contiguous();
+  at::Tensor wc = w_nk;
+  if (!(w_nk.stride(1) == 1 || K <= 1 || w_nk.stride(0) == 1 || N <= 1)) {
+    wc = w_nk.contiguous();
+  }
+  const bool nk = wc.stride(1) == 1 || K <= 1 || !(wc.stride(0) == 1 || N <= 1);
+  const at::Tensor s = scale.has_value() ? channel_vector(scale, N, "scale") : at::Tensor();
+  const at::Tensor b = bias.has_value() ? channel_vector(bias, N, "bias") : at::Tensor();
+  p.x = xc.data_ptr();
+  p.lda = xc.stride(0);
+  p.w = wc.data_ptr<int8_t>();
+  p.sn = nk ? wc.stride(0) : 1;
+  p.sk = nk ? 1 : wc.stride(1);
+  p.scale = s.defined() ? s.data_ptr<float>() : nullptr;
+  p.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  p.scale_on_weight = scale_on_weight;
+  p.out = out.data_ptr();
+  p.ldo = N;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  run(p, kernels_for(chosen_level(), p.act));
+  return out;
+}
+
+}  // namespace qlower
+
+#ifdef QLOWER_IN_PROCESS
+// libqlower_native.so: qlower's Python op calls these (lowerings/kernels/native.py); a private namespace, so
+// it never meets the `qlower` registrations of qlower's Python or of libqlower_ops.so.
+TORCH_LIBRARY(qlower_native, m) {
+  m.def(
+      "woq_int8_gemm(Tensor x, Tensor w_nk, Tensor? scale, Tensor? bias, bool scale_on_weight, "
+      "ScalarType out_dtype) -> Tensor",
+      TORCH_FN(qlower::woq_int8_gemm));
+  m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
+}
+#else
+// libqlower_ops.so: the schema is generated from the Python registration (lowerings/aoti/build.py).
+TORCH_LIBRARY_IMPL(qlower, CompositeExplicitAutograd, m) {
+  m.impl("woq_int8_gemm", TORCH_FN(qlower::woq_int8_gemm));
+}
+#endif
+
+#else  // QLOWER_WOQ_GEMM_BODY: the ISA-generic kernels, compiled once per ISA namespace (struct Isa above)
+
+using V = Isa::V;
+constexpr int W = Isa::W;
+
+inline V load_b(const int8_t* p) {
+  return Isa::load_i8(p);
+}
+
+inline V load_b(const float* p) {
+  return Isa::loadu(p);
+}
+
+inline float scalar_b(const int8_t* p) {
+  return static_cast<float>(*p);
+}
+
+inline float scalar_b(const float* p) {
+  return *p;
+}
+
+inline V round_v(DType dt, V v) {
+  switch (dt) {
+    case DType::BF16:
+      return Isa::round_bf16(v);
+    case DType::F16:
+      return Isa::round_f16(v);
+    default:
+      return v;
+  }
+}
+
+// c[i * ldc + j] += sum_k a[i][k] * b[j][k]: fp32 A rows, B rows of int8 (converted here) or of fp32.
+template <int MR, int NR, class BT>
+void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, float* c, int64_t ldc) {
+  const float* a = static_cast<const float*>(a_);
+  const BT* b = static_cast<const BT*>(b_);
+  V acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = Isa::zero();
+    }
+  }
+  const int64_t kv = kc / W * W;
+  for (int64_t k = 0; k < kv; k += W) {
+    V bv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      bv[j] = load_b(b + j * ldb + k);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const V av = Isa::loadu(a + i * lda + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] = Isa::fma(av, bv[j], acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = Isa::hsum(acc[i][j]);
+      for (int64_t k = kv; k < kc; ++k) {
+        s += a[i * lda + k] * scalar_b(b + j * ldb + k);
+      }
+      c[i * ldc + j] += s;
+    }
+  }
+}
+
+void pack_a(const void* src, DType dt, int64_t lda, int64_t rows, int64_t kc, float* dst, int64_t ldd) {
+  const int64_t kv = kc / W * W;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ldd;
+    if (dt == DType::F32) {
+      std::memcpy(d, static_cast<const float*>(src) + r * lda, static_cast<size_t>(kc) * sizeof(float));
+      continue;
+    }
+    const uint16_t* s = static_cast<const uint16_t*>(src) + r * lda;
+    for (int64_t k = 0; k < kv; k += W) {
+      Isa::storeu(d + k, dt == DType::BF16 ? Isa::load_bf16(s + k) : Isa::load_f16(s + k));
+    }
+    for (int64_t k = kv; k < kc; ++k) {
+      d[k] = load_scalar(dt, s, k);
+    }
+  }
+}
+
+// w block -> fp32 rows: exact int8 values, or the graph's scaled weight round_act(fp32(w) * s[n]).
+void pack_b(const Problem& p, const Block& blk, const Block& next, void* dst_, int64_t ldd) {
+  const int64_t n0 = blk.n0, nb = blk.nb, k0 = blk.k0, kc = blk.kc;
+  float* dst = static_cast<float*>(dst_);
+  const bool scaled = p.scale_on_weight;
+  if (p.sk == 1) {
+    const int64_t kv = kc / W * W;
+    for (int64_t j = 0; j < nb; ++j) {
+      prefetch_row(p, next, j);
+      const int8_t* src = p.w + (n0 + j) * p.sn + k0;
+      float* d = dst + j * ldd;
+      if (!scaled) {
+        for (int64_t k = 0; k < kv; k += W) {
+          Isa::storeu(d + k, Isa::load_i8(src + k));
+        }
+        for (int64_t k = kv; k < kc; ++k) {
+          d[k] = static_cast<float>(src[k]);
+        }
+        continue;
+      }
+      const float s = p.scale[n0 + j];
+      const V sv = Isa::set1(s);
+      for (int64_t k = 0; k < kv; k += W) {
+        Isa::storeu(d + k, round_v(p.act, Isa::mul(Isa::load_i8(src + k), sv)));
+      }
+      for (int64_t k = kv; k < kc; ++k) {
+        d[k] = round_scalar(p.act, static_cast<float>(src[k]) * s);
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const int8_t* src = p.w + (k0 + k) * p.sk + n0 * p.sn;
+    for (int64_t j = 0; j < nb; ++j) {
+      const float v = static_cast<float>(src[j * p.sn]);
+      dst[j * ldd + k] = scaled ? round_scalar(p.act, v * p.scale[n0 + j]) : v;
+    }
+  }
+}
+
+inline V finish_v(const Problem& p, V v, int64_t n) {
+  v = round_v(p.act, v);
+  if (p.scale != nullptr && !p.scale_on_weight) {
+    v = Isa::keep(Isa::mul(v, Isa::loadu(p.scale + n)));
+    if (p.bias != nullptr) {
+      v = round_v(p.out_dt, v);
+    }
+  }
+  if (p.bias != nullptr) {
+    v = Isa::add(v, Isa::loadu(p.bias + n));
+  }
+  return v;
+}
+
+inline void store_v(DType dt, void* base, int64_t i, V v) {
+  switch (dt) {
+    case DType::BF16:
+      Isa::store_bf16(static_cast<uint16_t*>(base) + i, v);
+      break;
+    case DType::F16:
+      Isa::store_f16(static_cast<uint16_t*>(base) + i, v);
+      break;
+    default:
+      Isa::storeu(static_cast<float*>(base) + i, v);
+  }
+}
+
+void epilogue(const Problem& p, const float* c, int64_t ldc, int64_t m0, int64_t mb, int64_t n0, int64_t nb) {
+  const int64_t nv = nb / W * W;
+  for (int64_t i = 0; i < mb; ++i) {
+    const float* row = c + i * ldc;
+    const int64_t base = (m0 + i) * p.ldo + n0;
+    for (int64_t j = 0; j < nv; j += W) {
+      store_v(p.out_dt, p.out, base + j, finish_v(p, Isa::loadu(row + j), n0 + j));
+    }
+    for (int64_t j = nv; j < nb; ++j) {
+      store_scalar(p.out_dt, p.out, base + j, finish_scalar(p, row[j], n0 + j));
+    }
+  }
+}
+
+template <class BT, int MR, int NR>
+void fill(TileFn (&row)[kMaxNr + 1]) {
+  row[NR] = &tile<MR, NR, BT>;
+  if constexpr (NR > 1) {
+    fill<BT, MR, NR - 1>(row);
+  }
+}
+
+Kernels make_kernels(const char* name) {
+  static_assert(Isa::kMr == 4 && Isa::kMr <= kMaxMr, "make_kernels fills MR = 1..4");
+  Kernels k{};
+  k.name = name;
+  k.mr_max = Isa::kMr;
+  for (int mr = 0; mr <= kMaxMr; ++mr) {
+    k.nr_direct[mr] = Isa::kNrDirect[mr];
+    k.nr_packed[mr] = Isa::kNrPacked[mr];
+  }
+  k.a_bf16 = false;
+  k.b_elem = 4;
+  fill<int8_t, 1, Isa::kNrDirect[1]>(k.direct[1]);
+  fill<int8_t, 2, Isa::kNrDirect[2]>(k.direct[2]);
+  fill<int8_t, 3, Isa::kNrDirect[3]>(k.direct[3]);
+  fill<int8_t, 4, Isa::kNrDirect[4]>(k.direct[4]);
+  fill<float, 1, Isa::kNrPacked[1]>(k.packed[1]);
+  fill<float, 2, Isa::kNrPacked[2]>(k.packed[2]);
+  fill<float, 3, Isa::kNrPacked[3]>(k.packed[3]);
+  fill<float, 4, Isa::kNrPacked[4]>(k.packed[4]);
+  k.pack_a = &pack_a;
+  k.pack_b = &pack_b;
+  k.epilogue = &epilogue;
+  return k;
+}
+
+#endif  // QLOWER_WOQ_GEMM_BODY

@@ -1,0 +1,263 @@
+"""qlower::woq_int8_gemm, the CPU GEMM with int8 -> float inside its K loop (lowerings/kernels/csrc/woq_gemm.cpp).
+
+Eager calls on small shapes against float64 and against the formula's own roundings, on every ISA path the CPU
+has (QLOWER_CPU_WOQ_ISA forces one; the others skip), then one AOTInductor compile: the report picks the
+kernel, the wrapper calls its C shim, and the package runs on libqlower_ops.so in a process without qlower.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlower
+from qlower.lowerings.aoti import build
+from qlower.lowerings.devices import cpu as cpu_lowerings
+from qlower.lowerings.kernels import custom_ops, native
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+DTYPES = (BF16, FP16, FP32)
+ISAS = ("scalar", "avx2", "avx512", "avx512_bf16")
+# (M, K, N): K and N off the vector widths (1, 7, 33, 4097); M = 5 and 17 take the converted-buffer path
+# (M > 4), M <= 4 the in-register one; N = 70 spans two column blocks, M = 260 two row blocks, K = 4097 five
+# K blocks of the buffered path.
+SHAPES = ((1, 1, 1), (1, 7, 33), (3, 33, 7), (5, 33, 70), (17, 4097, 9), (1, 4097, 7), (260, 8, 5))
+# max |got - float64| / max |float64|: two roundings to x's dtype (matmul, then scale or bias)
+REL_TOL = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    """Each ISA path of the kernel, forced; skipped where this CPU lacks it."""
+    if request.param not in native.supported_isas():
+        pytest.skip(f"this CPU has only {native.supported_isas()}")
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, request.param)
+    return request.param
+
+
+def _operands(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    s = (torch.rand(n, generator=g) + 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    return x, w, s, b
+
+
+def _float64(x, w, s, b, form: str) -> torch.Tensor:
+    """The formula in float64 (the weight-scale form with the weight as the graph rounds it)."""
+    if form.startswith("weight_scale"):
+        wq = (w.to(x.dtype) * s[:, None]).double()
+    else:
+        wq = w.double()
+    y = x.double() @ wq.t()
+    if form.startswith("output_scale"):
+        y = y * s.double()
+    return y + b.double() if form.endswith("bias") else y
+
+
+def _call(x, w, s, b, form: str, out_dtype: torch.dtype | None = None):
+    scale = s if form.startswith(("output_scale", "weight_scale")) else None
+    bias = b if form.endswith("bias") else None
+    return custom_ops.woq_int8_gemm(x, w, scale, bias, form.startswith("weight"), out_dtype or x.dtype)
+
+
+FORMS = ("no_scale", "output_scale", "weight_scale", "bias", "output_scale_bias", "weight_scale_bias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_float64_on_every_isa(isa, dtype):
+    for m, k, n in SHAPES:
+        x, w, s, b = _operands(m, k, n, dtype)
+        for form in FORMS:
+            got = _call(x, w, s, b, form)
+            ref = _float64(x, w, s, b, form)
+            assert got.dtype == dtype and got.shape == (m, n)
+            err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err <= REL_TOL[dtype], f"{isa} {dtype} (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_exact_sums_give_the_formulas_own_roundings(isa, dtype):
+    """Activations in {-1, 0, 1} make every fp32 sum exact (K = 37: |sum| < 2^14, and a weight-scale weight
+    w * s, s = 1 + j/64, keeps 10 bits below 1 at most): what is left is the formula's roundings, which the
+    kernel must take as eager does (matmul rounded to x's dtype; times the scale in fp32, rounded; plus the
+    bias, rounded; the weight-scale form rounds w * s to x's dtype first)."""
+    m, k, n = 6, 37, 29
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-1, 2, (m, k), generator=g).to(dtype)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    s = (torch.rand(n, generator=g) * 3 + 0.01).to(dtype)
+    s_w = 1 + torch.randint(0, 64, (n,), generator=g).to(dtype) / 64
+    b = torch.randn(n, generator=g).to(dtype)
+    mm = (x.double() @ w.double().t()).to(dtype)  # the exact sum, rounded once
+    cases = {
+        "no_scale": (s, mm),
+        "output_scale": (s, mm * s),
+        "bias": (s, mm + b),
+        "output_scale_bias": (s, mm * s + b),
+        "weight_scale": (s_w, F.linear(x.double(), (w.to(dtype) * s_w[:, None]).double()).to(dtype)),
+    }
+    for form, (scale, expected) in cases.items():
+        for rows in (slice(0, 3), slice(0, 6)):  # in-register (M <= 4) and buffered (M > 4) paths
+            got = _call(x[rows], w, scale, b, form)
+            torch.testing.assert_close(got, expected[rows], atol=0, rtol=0, msg=f"{isa} {form} rows {rows}")
+
+
+def test_fp32_scale_gives_an_fp32_product(isa):
+    """bf16 x with an fp32 scale: the graph's product is fp32, (mm rounded to bf16) * s in fp32."""
+    x, w, _, b = _operands(5, 40, 24, BF16)
+    s = torch.rand(24) / 7
+    got = _call(x, w, s, b, "output_scale_bias", FP32)
+    want = F.linear(x, w.to(BF16)).float() * s + b
+    assert got.dtype == FP32
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2**-7)
+
+
+def test_fp16_weight_scale_overflows_where_the_graph_does(isa):
+    """`w.to(fp16) * s` is inf where |w * s| > 65504: eager's output is inf/NaN there, and so is the kernel's."""
+    x, w, _, _ = _operands(3, 16, 8, FP16)
+    w[0].fill_(127)
+    s = torch.full((8,), 1 / 64, dtype=FP16)
+    s[0] = 1024.0  # 127 * 1024 = 130048 > 65504
+    got = _call(x, w, s, None, "weight_scale")
+    eager = F.linear(x, w.to(FP16) * s[:, None])
+    assert not torch.isfinite(eager[:, 0]).any() and not torch.isfinite(got[:, 0]).any()
+    torch.testing.assert_close(got[:, 1:], eager[:, 1:], atol=1e-3, rtol=2**-9)
+
+
+def test_empty_and_strided_operands(isa):
+    x, w, s, b = _operands(5, 33, 20, BF16)
+    empty = _call(x[:0], w, s, b, "output_scale_bias")
+    assert empty.shape == (0, 20) and empty.dtype == BF16
+    want = _call(x, w, s, b, "output_scale_bias")
+    wide = torch.zeros(5, 80, dtype=BF16)
+    wide[:, 7:40] = x  # rows with a stride of 80 elements
+    every_other = torch.zeros(5, 66, dtype=BF16)
+    every_other[:, ::2] = x  # an inner stride of 2 (the kernel copies it)
+    for view in (wide[:, 7:40], every_other[:, ::2]):
+        assert not view.is_contiguous()
+        torch.testing.assert_close(_call(view, w, s, b, "output_scale_bias"), want, atol=0, rtol=0)
+
+
+def test_kn_weight_view_matches_the_nk_weight(isa):
+    """A [K, N] weight passed as its transposed view: the buffered path packs it to the same fp32 rows."""
+    x, w, s, b = _operands(6, 33, 20, FP32)
+    w_kn = w.t().contiguous()
+    for form in ("output_scale", "weight_scale_bias"):
+        torch.testing.assert_close(_call(x, w_kn.t(), s, b, form), _call(x, w, s, b, form), atol=0, rtol=0)
+
+
+def test_forced_isa_is_checked(monkeypatch):
+    x, w, s, b = _operands(1, 8, 8, BF16)
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "sse9")
+    with pytest.raises(RuntimeError, match="QLOWER_CPU_WOQ_ISA=sse9 is not one of"):
+        _call(x, w, s, b, "output_scale")
+    missing = [i for i in ISAS if i not in native.supported_isas()]
+    if missing:
+        monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, missing[0])
+        with pytest.raises(RuntimeError, match="this CPU supports only"):
+            _call(x, w, s, b, "output_scale")
+
+
+# ---- one AOTInductor compile: the lowering, its C shim, the package, the C++ deployment
+
+K, N = 256, 192
+
+
+class GptFast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.register_buffer("w", torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8))
+        self.register_buffer("s", (torch.rand(N, generator=g) / 64).to(BF16))
+        self.register_buffer("b", torch.randn(N, generator=g).to(BF16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w.to(x.dtype)) * self.s + self.b
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """The model exported at a static M = 4, compiled by AOTInductor with qlower. AUTO takes the kernel where
+    it was measured faster (cpu_lowerings.WOQ_GEMM_MAX_M, for larger weights): the table is patched so the
+    test holds on every CPU."""
+    model = GptFast().eval()
+    x = torch.randn(4, K, dtype=BF16)
+    key = (cpu_lowerings.cpu_woq_isa(), BF16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, key, None)
+        mp.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT", 0)
+        qlower.clear_reports()
+        ep = torch.export.export(model, (x,))
+        path = str(tmp_path_factory.mktemp("woq_gemm") / "model.pt2")
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=path, inductor_configs=qlower.inductor_options()
+        )
+        report = qlower.last_report()
+    return model, x, path, report
+
+
+def test_aoti_package_calls_the_kernel_through_its_shim(package):
+    model, x, path, report = package
+    assert [d.lowering for d in report.lowered] == ["qlower.woq_int8_gemm"], report.table()
+    with zipfile.ZipFile(path) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
+        wrapper = z.read(name).decode()
+    assert "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_woq_int8_gemm(" in wrapper
+    assert "aoti_torch_proxy_executor_call_function" not in wrapper
+    runner = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        got = runner(x)
+    ref = (x.double() @ model.w.double().t()) * model.s.double() + model.b.double()
+    assert ((got.double() - ref).abs().max() / ref.abs().max()).item() <= REL_TOL[BF16]
+    eager_op = custom_ops.woq_int8_gemm(x, model.w, model.s, model.b, False, BF16)
+    torch.testing.assert_close(got, eager_op, atol=0, rtol=0)
+
+
+_WITHOUT_QLOWER = """
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+data = torch.load(sys.argv[3])
+runner = torch._inductor.aoti_load_package(sys.argv[2])
+torch.testing.assert_close(runner(data["x"]), data["want"], atol=0, rtol=0)
+for args, want in data["calls"]:
+    torch.testing.assert_close(torch.ops.qlower.woq_int8_gemm(*args), want, atol=0, rtol=0)
+assert not any(m == "qlower" or m.startswith("qlower.") for m in sys.modules)
+print("ok")
+"""
+
+
+def test_package_and_op_run_on_the_cpp_ops_library_without_qlower(package, tmp_path):
+    """libqlower_ops.so serves the op to a process without qlower's Python, bit for bit as in-process."""
+    model, x, path, _ = package
+    runner = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        want = runner(x)
+    calls = []
+    for m, k, n, dtype, on_weight in (
+        (1, 33, 7, BF16, False),
+        (6, 40, 70, FP16, True),
+        (3, 9, 5, FP32, False),
+    ):
+        xi, w, s, b = _operands(m, k, n, dtype)
+        args = (xi, w, s, b, on_weight, dtype)
+        calls.append((args, custom_ops.woq_int8_gemm(*args)))
+    data = tmp_path / "data.pt"
+    torch.save({"x": x, "want": want, "calls": calls}, data)
+    lib = build.ops_library()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_WITHOUT_QLOWER), str(lib.path), path, str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
