@@ -344,7 +344,8 @@ def test_mx_fp32_matmul_keeps_the_weight_in_fp32():
 # --------------------------------------------------------------------------------------------- CUDA
 
 CUDA_LOWERINGS = {  # name -> (kernel_preference, lowering at static M <= 256, lowering at dynamic M)
-    "auto": (qlower.KernelPreference.AUTO, "triton.woq_int8_linear", DEQUANT),
+    # AUTO at a symbolic M: the Triton op, whose launches pick per M bucket (dequant + cuBLAS above M = 256)
+    "auto": (qlower.KernelPreference.AUTO, "triton.woq_int8_linear", "triton.woq_int8_linear"),
     "triton": (qlower.KernelPreference.TRITON, "triton.woq_int8_linear", "triton.woq_int8_linear"),
     "emulated": (qlower.KernelPreference.EMULATED, DEQUANT, DEQUANT),
 }
