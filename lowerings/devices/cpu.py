@@ -98,13 +98,16 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #                    / 171 / 2788 (_weight_int8pack_mm at M = 1: 11.1)
 #   fp32, 2 threads, 4096x4096: 0.73 / 5.03 / 63.8 / 504 vs 5.50 / 13.6 / 92.1 / 474; 1 thread M=128 69.4 vs
 #                    73.7, M=1024 553 vs 496 (int8_weight_mm's fp32 GEMM wins there): up to M = 128.
-# Not measured on AVX512 CPUs yet: AUTO keeps the other lowerings there (tests/test_cpu_woq_gemm.py runs the
-# kernel's AVX512 paths there).
+# AVX512 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"; a Xeon with AVX512-BF16 and AMX, 2 threads,
+# bf16): the avx512 (fp32 FMA) path beat `_weight_int8pack_mm` at M = 1 (1.89x / 0.99x at 4096^2 / 4096->14336)
+# and M = 4 (1.15x / 1.16x), lost at M = 16 (0.78x / 0.81x): up to M = 4. The avx512_bf16 path lost at M = 1..16
+# there (0.68-1.01x): not preferred, so an AVX512-BF16 CPU (its default path) keeps the other lowerings.
 WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
 WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], int | None] = {
     ("avx2", torch.bfloat16): None,
     ("avx2", torch.float16): None,
     ("avx2", torch.float32): 128,
+    ("avx512", torch.bfloat16): 4,
 }
 # K * N below this: not preferred (at 1024^2, M = 1, 1 thread, it tied with `_weight_int8pack_mm`: 0.16 vs
 # 0.15 ms; at 2048^2 it was 1.1-1.5x faster at M = 1..16)
