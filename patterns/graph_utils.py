@@ -189,7 +189,7 @@ def matmul_site(node: Any) -> MatmulSite | None:
     """`mm`, `addmm` (beta = alpha = 1), or the matrix-vector form `(x[:, :, None] * w[None]).sum(1)`.
 
     The last one is what Inductor's `mm` decomposition (torch/_inductor/decomposition.py, torch 2.11 and
-    2.13 alike) emits for a statically known M == 1 (or N == 1) on devices other than CPU / MPS when
+    2.13 alike) emits for a statically known M == 1 (or N == 1) on the devices that decomposition names when
     `coordinate_descent_tuning` is on, which torchao's `quantize_` switches on process-wide; it is
     `pw_cast_for_opmath`, so with bf16/fp16 inputs both operands are upcast to fp32 and the sum is cast back.
     """

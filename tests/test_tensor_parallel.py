@@ -36,7 +36,8 @@ DTENSOR_BROKEN = {
     "'RuntimeError: aten.copy_.default got mixed torch.Tensor and DTensor' in mx_formats/utils.py "
     "to_blocked (MX weights are always stored swizzled); torchao 0.18 has no MX weight-only config",
 }
-CASES = [f"gpt_fast:{c}" for c in GPT_FAST]
+AOTI = ("woq_int8:bfloat16",)  # one rank's shard as an AOTInductor package (export keeps the all_reduce)
+CASES = [f"gpt_fast:{c}" for c in GPT_FAST] + [f"aoti:{c}" for c in AOTI]
 if HAS_TORCHAO:
     # the int_mm_rule case registers its rule for the rest of the process: it runs after the case without
     CASES += [f"dtensor:{c}" for c in (*DTENSOR_BROKEN, *DTENSOR)]
@@ -98,6 +99,11 @@ def _check(case: str, per_rank: list[tpm.Result]) -> None:
         if dtype == torch.bfloat16 and (family == "dynamic_int8" or (flow, family) == ("dtensor", "mx")):
             tol = TOL_ACTIVATIONS_BF16[family]
         assert res.err <= tol, f"rank {rank}: rel err {res.err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("case", AOTI)
+def test_aoti_package_of_one_shard_lowered_and_equal_unsharded(results, case):
+    _check(f"aoti:{case}", results[f"aoti:{case}"])
 
 
 @pytest.mark.parametrize("case", GPT_FAST)

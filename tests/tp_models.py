@@ -347,6 +347,33 @@ def gpt_fast_case(family_name: str, dtype: torch.dtype, rank: int) -> Result:
     return Result(rows, rel_err(out, ref, x))
 
 
+def aoti_case(family_name: str, dtype: torch.dtype, rank: int) -> Result:
+    """gpt-fast's shard of this rank exported (`torch.export`, the functional all_reduce included) and compiled
+    into an AOTInductor package with qlower's options, then loaded and run."""
+    import tempfile
+
+    import qlower
+
+    x = block_input(dtype)
+    full, weights = unsharded_block(family_name, dtype)
+    ref = reference_f64(full, weights, x, gpt_fast_act(family_name, WORLD))
+    shard = gpt_fast_shard(full, FAMILIES[family_name], rank)
+    qlower.clear_reports()
+    with torch.no_grad():
+        ep = torch.export.export(shard, (x,))
+        path = os.path.join(tempfile.mkdtemp(), f"rank{rank}.pt2")
+        pkg = torch._inductor.aoti_compile_and_package(
+            ep, package_path=path, inductor_configs=qlower.inductor_options()
+        )
+        rows = [
+            {"module": d.module, "family": d.family, "lowering": d.lowering, "shape": tuple(int(v) for v in d.shape),
+             "form": d.form, "reason": d.reason}
+            for r in qlower.all_reports() for d in r.entries
+        ]  # fmt: skip
+        out = torch._inductor.aoti_load_package(pkg)(x)
+    return Result(rows, rel_err(out, ref, x))
+
+
 def register_int_mm_sharding() -> None:
     """DTensor has no sharding rule for `aten._int_mm` (torch 2.13): register mm's (both replicated, column
     split, row split -> partial sum), as a user of torchao's dynamic int8 on DTensor has to. It stays
@@ -425,6 +452,8 @@ def run_case(case: str, rank: int) -> Result:
     try:
         if flow == "gpt_fast":
             return gpt_fast_case(family, getattr(torch, dt), rank)
+        if flow == "aoti":
+            return aoti_case(family, getattr(torch, dt), rank)
         return dtensor_case(family, getattr(torch, dt), rank, "int_mm_rule" in extra)
     except Exception as e:
         return Result(error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}")
