@@ -1,11 +1,16 @@
-"""CPU woq-int8 kernels side by side, eager, one linear: qlower::woq_int8_gemm (int8 converted inside the kernel),
-`_weight_int8pack_mm` (oneDNN, M <= 16), dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized weights.
+"""CPU woq-int8 kernels side by side, eager, one linear: qlower::woq_int8_gemm on each of its paths (direct: its
+own micro-kernel; chunked: converted chunks multiplied by ATen's GEMM), `_weight_int8pack_mm` (oneDNN, M <= 16),
+dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized weights.
 
     python scripts/bench_cpu_woq_gemm.py [--threads 2] [--shapes 4096x4096,4096x14336] [--ms 1,4,16,128,1024]
+                                         [--paths direct,chunked]
     QLOWER_CPU_WOQ_ISA=avx512 python scripts/bench_cpu_woq_gemm.py      # one ISA path of woq_int8_gemm
 
-Minimum over timed calls, each taking the next of 3 weight sets (the weights are not cache-resident). The
-ratios (other / woq_int8_gemm) are what `WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py is set from.
+Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct or chunked), which the
+kernel reads at each call. Minimum over timed calls, each taking the next of 3 weight sets (the weights are not
+cache-resident). Each cell is `ms (r×)`, r = bf16 F.linear's time / this one's (> 1: faster than bf16). What
+`WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM` in lowerings/kernels/csrc/woq_gemm.cpp are
+set from.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 import qlower  # noqa: F401  (registers torch.ops.qlower.*)
 
 BF16 = torch.bfloat16
+PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # lowerings/devices/cpu.py: WOQ_GEMM_PATH_ENV
 
 
 def best_ms(fn: Callable[[int], object], reps: int) -> float:
@@ -33,20 +39,29 @@ def best_ms(fn: Callable[[int], object], reps: int) -> float:
     return best * 1e3
 
 
-def measure(x: torch.Tensor, sets: list, dense: list) -> list[str]:
-    """The table cells of one M: each time, and the ratio other / woq_int8_gemm."""
+def woq_gemm_ms(x: torch.Tensor, sets: list, path: str, reps: int) -> float:
+    """woq_int8_gemm with its path forced for these calls (the caller's setting restored after)."""
+    before = os.environ.get(PATH_ENV)
+    os.environ[PATH_ENV] = path
+    try:
+        return best_ms(lambda i: torch.ops.qlower.woq_int8_gemm(x, *sets[i % 3], None, False, BF16), reps)
+    finally:
+        if before is None:
+            del os.environ[PATH_ENV]
+        else:
+            os.environ[PATH_ENV] = before
+
+
+def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str]) -> list[str]:
+    """The table cells of one M: each time, and bf16 F.linear's time over it."""
     m = x.shape[0]
     reps = 20 if m <= 16 else 5 if m <= 128 else 2
-    new = best_ms(lambda i: torch.ops.qlower.woq_int8_gemm(x, *sets[i % 3], None, False, BF16), reps)
-    cells = [f"{new:.3f} ms"]
-    if m <= 16:
-        packed = best_ms(lambda i: torch._weight_int8pack_mm(x, *sets[i % 3]), reps)
-        cells.append(f"{packed:.3f} ms ({packed / new:.2f}×)")
-    else:
-        cells.append("—")
-    dq = best_ms(lambda i: F.linear(x, sets[i % 3][0].to(BF16)) * sets[i % 3][1], reps)
     bf = best_ms(lambda i: F.linear(x, dense[i % 3]), reps)
-    return cells + [f"{dq:.3f} ms ({dq / new:.2f}×)", f"{bf:.3f} ms ({bf / new:.2f}×)"]
+    times = [woq_gemm_ms(x, sets, path, reps) for path in paths]
+    times.append(best_ms(lambda i: torch._weight_int8pack_mm(x, *sets[i % 3]), reps) if m <= 16 else None)
+    times.append(best_ms(lambda i: F.linear(x, sets[i % 3][0].to(BF16)) * sets[i % 3][1], reps))
+    cells = ["—" if t is None else f"{t:.3f} ms ({bf / t:.2f}×)" for t in times]
+    return cells + [f"{bf:.3f} ms"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,12 +69,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--shapes", default="4096x4096,4096x14336")
     p.add_argument("--ms", default="1,4,16,128,1024")
+    p.add_argument("--paths", default="direct,chunked", help="woq_int8_gemm paths, one column each")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    paths = args.paths.split(",")
     isa = os.environ.get("QLOWER_CPU_WOQ_ISA", "best")
-    print(f"| M | K→N | woq_int8_gemm ({isa}) | _weight_int8pack_mm | dequant + GEMM | bf16 F.linear |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
+    )
+    heads = [f"woq_int8_gemm {path} ({isa})" for path in paths]
+    heads += ["_weight_int8pack_mm", "dequant + GEMM", "bf16 F.linear"]
+    print("| M | K→N | " + " | ".join(heads) + " |")
+    print("|---|---|" + "---|" * len(heads))
     for kn in args.shapes.split(","):
         k, n = (int(v) for v in kn.split("x"))
         sets = [
@@ -68,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         dense = [torch.randn(n, k, dtype=BF16) / k**0.5 for _ in range(3)]
         for m in (int(v) for v in args.ms.split(",")):
-            cells = measure(torch.randn(m, k, dtype=BF16), sets, dense)
+            cells = measure(torch.randn(m, k, dtype=BF16), sets, dense, paths)
             print(f"| {m} | {k}→{n} | " + " | ".join(cells) + " |", flush=True)
 
 

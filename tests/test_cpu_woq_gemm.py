@@ -1,8 +1,9 @@
-"""qlower::woq_int8_gemm, the CPU GEMM with int8 -> float inside its K loop (lowerings/kernels/csrc/woq_gemm.cpp).
+"""qlower::woq_int8_gemm, the CPU GEMM with int8 -> float inside the kernel (lowerings/kernels/csrc/woq_gemm.cpp).
 
 Eager calls on small shapes against float64 and against the formula's own roundings, on every ISA path the CPU
-has (QLOWER_CPU_WOQ_ISA forces one; the others skip), then one AOTInductor compile: the report picks the
-kernel, the wrapper calls its C shim, and the package runs on libqlower_ops.so in a process without qlower.
+has (QLOWER_CPU_WOQ_ISA forces one; the others skip), each through the kernel's direct and chunked paths
+(QLOWER_CPU_WOQ_GEMM_PATH forces one), then one AOTInductor compile: the report picks the kernel, the wrapper
+calls its C shim, and the package runs on libqlower_ops.so in a process without qlower.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import qlower
 from qlower.lowerings.aoti import build
@@ -25,21 +28,27 @@ from qlower.lowerings.kernels import custom_ops, native
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DTYPES = (BF16, FP16, FP32)
 ISAS = ("scalar", "avx2", "avx512", "avx512_bf16")
-# (M, K, N): K and N off the vector widths (1, 7, 33, 4097); M = 5 and 17 take the converted-buffer path
-# (M > 4), M <= 4 the in-register one; N = 70 spans two column blocks, M = 260 two row blocks, K = 4097 five
-# K blocks of the buffered path.
+# (M, K, N): K and N off the vector widths (1, 7, 33, 4097); on the direct path M = 17 and 260 take the
+# converted-buffer kernels (M > 8, as does a scaled weight), M <= 8 the in-register ones; N = 70 spans two column
+# blocks, M = 260 two row blocks, K = 4097 five K blocks of the buffered kernels.
 SHAPES = ((1, 1, 1), (1, 7, 33), (3, 33, 7), (5, 33, 70), (17, 4097, 9), (1, 4097, 7), (260, 8, 5))
 # max |got - float64| / max |float64|: two roundings to x's dtype (matmul, then scale or bias)
 REL_TOL = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}
 
 
-@pytest.fixture(params=ISAS)
+PATHS = ("direct", "chunked")
+
+
+@pytest.fixture(params=[(i, p) for p in PATHS for i in ISAS], ids=lambda ip: f"{ip[0]}-{ip[1]}")
 def isa(request, monkeypatch):
-    """Each ISA path of the kernel, forced; skipped where this CPU lacks it."""
-    if request.param not in native.supported_isas():
+    """Each ISA path of the kernel, forced, through each of its paths (direct: its own micro-kernel; chunked:
+    its conversion and epilogue around ATen's GEMM); skipped where this CPU lacks the ISA."""
+    name, path = request.param
+    if name not in native.supported_isas():
         pytest.skip(f"this CPU has only {native.supported_isas()}")
-    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, request.param)
-    return request.param
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, name)
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, path)
+    return f"{name}-{path}"
 
 
 def _operands(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0):
@@ -90,7 +99,7 @@ def test_exact_sums_give_the_formulas_own_roundings(isa, dtype):
     w * s, s = 1 + j/64, keeps 10 bits below 1 at most): what is left is the formula's roundings, which the
     kernel must take as eager does (matmul rounded to x's dtype; times the scale in fp32, rounded; plus the
     bias, rounded; the weight-scale form rounds w * s to x's dtype first)."""
-    m, k, n = 6, 37, 29
+    m, k, n = 10, 37, 29
     g = torch.Generator().manual_seed(1)
     x = torch.randint(-1, 2, (m, k), generator=g).to(dtype)
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
@@ -106,7 +115,7 @@ def test_exact_sums_give_the_formulas_own_roundings(isa, dtype):
         "weight_scale": (s_w, F.linear(x.double(), (w.to(dtype) * s_w[:, None]).double()).to(dtype)),
     }
     for form, (scale, expected) in cases.items():
-        for rows in (slice(0, 3), slice(0, 6)):  # in-register (M <= 4) and buffered (M > 4) paths
+        for rows in (slice(0, 3), slice(0, 10)):  # direct: in-register (M <= 8) and buffered (M > 8) kernels
             got = _call(x[rows], w, scale, b, form)
             torch.testing.assert_close(got, expected[rows], atol=0, rtol=0, msg=f"{isa} {form} rows {rows}")
 
@@ -155,6 +164,66 @@ def test_kn_weight_view_matches_the_nk_weight(isa):
         torch.testing.assert_close(_call(x, w_kn.t(), s, b, form), _call(x, w, s, b, form), atol=0, rtol=0)
 
 
+# (M, K, N) for the chunked path at 2 threads: N = 100 in chunks of 64 + 36 columns (K = 33), 48 + 48 + 4
+# (bf16, K = 4097) or 6 x 16 + 4 (fp32, K = 4097); N = 9 (one chunk, fewer than threads) in two blocks of
+# 65 M rows; M = 2100 in three blocks of 700 rows (at most 1024 each) by chunks of 32 + 8 columns; M = 1 and
+# 3 one block with a partial chunk.
+CHUNKED_SHAPES = ((1, 7, 33), (3, 33, 7), (17, 33, 100), (5, 4097, 100), (130, 33, 9), (2100, 7, 40))
+
+
+@pytest.mark.parametrize("dtype", (BF16, FP32), ids=str)
+def test_chunked_tails_match_float64(dtype, monkeypatch):
+    """The chunked path's partial chunks and M blocks (the shapes above, at 2 threads) against float64."""
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "chunked")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for m, k, n in CHUNKED_SHAPES:
+            x, w, s, b = _operands(m, k, n, dtype, seed=3)
+            for form in FORMS:
+                got = _call(x, w, s, b, form)
+                ref = _float64(x, w, s, b, form)
+                assert got.dtype == dtype and got.shape == (m, n)
+                err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err <= REL_TOL[dtype], (
+                    f"chunked {dtype} (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
+                )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_forced_path_is_checked(monkeypatch):
+    x, w, s, b = _operands(1, 8, 8, BF16)
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "tiled")
+    with pytest.raises(
+        RuntimeError, match="QLOWER_CPU_WOQ_GEMM_PATH=tiled is not one of auto, direct, chunked"
+    ):
+        _call(x, w, s, b, "output_scale")
+
+
+def _linear(m, dtype=BF16, k=4096, n=4096):
+    """What woq_gemm_preferred reads of a QuantLinear."""
+    return SimpleNamespace(m=m, k=k, n=n, compute_dtype=dtype, weight_layout="NK")
+
+
+def test_preference_table_holds_m_ranges(monkeypatch):
+    """WOQ_GEMM_MAX_M's (min_m, max_m): a static M inside the range prefers the kernel, a dynamic M only where
+    the range is every M; the measured avx2 limits keep their meaning."""
+    dynamic_m = ShapeEnv().create_unbacked_symint()
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "avx512_bf16")
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, ("avx512_bf16", BF16), (16, None))
+    prefers = cpu_lowerings.woq_gemm_preferred
+    assert [prefers(_linear(m)) is None for m in (1, 15, 16, 4096)] == [False, False, True, True]
+    assert "M is dynamic" in prefers(_linear(dynamic_m))
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, ("avx512_bf16", BF16), (0, 4))
+    assert [prefers(_linear(m)) is None for m in (0, 4, 5)] == [True, True, False]
+    assert prefers(_linear(dynamic_m)) is not None
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "avx2")
+    assert prefers(_linear(dynamic_m)) is None and prefers(_linear(1024)) is None
+    assert prefers(_linear(128, FP32)) is None and prefers(_linear(129, FP32)) is not None
+    assert prefers(_linear(1, k=1024, n=1024)) is not None  # below WOQ_GEMM_MIN_WEIGHT
+
+
 def test_forced_isa_is_checked(monkeypatch):
     x, w, s, b = _operands(1, 8, 8, BF16)
     monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "sse9")
@@ -193,7 +262,7 @@ def package(tmp_path_factory):
     x = torch.randn(4, K, dtype=BF16)
     key = (cpu_lowerings.cpu_woq_isa(), BF16)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, key, None)
+        mp.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, key, cpu_lowerings.WOQ_GEMM_EVERY_M)
         mp.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT", 0)
         qlower.clear_reports()
         ep = torch.export.export(model, (x,))

@@ -97,6 +97,41 @@ def test_cuda_graphs_capture_dynamic_m_without_skips(family):
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
 
 
+def _kernels_per_call(fn, x) -> list[str]:
+    """The CUDA kernels one call launches (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("family", ["woq_int8", "dynamic_int8"])
+def test_default_mode_dynamic_m_launches_one_kernel_per_call(family):
+    """Without CUDA graphs a symbolic M picks its kernel with a host `if` (`torch.cond`, generated into the
+    wrapper): one call launches its bucket's kernel only, not one gated launch per bucket (host cost, issue 18
+    item 4). woq-int8 M > 256 runs the weight dequantization + cuBLAS; dynamic-int8 adds its quantize kernel."""
+    torch._dynamo.reset()
+    cpu_model = _model(family)
+    model = copy.deepcopy(cpu_model).cuda()
+    compiled = torch.compile(model, dynamic=True, options=qlower.inductor_options())
+    with torch.no_grad():
+        x = torch.randn(17, K, dtype=torch.bfloat16, device="cuda")
+        _, code = run_and_get_code(compiled, x)
+        assert re.search(r"\bif [su]\d+ <= \d+:", "\n".join(code)), "no host branch on M in the wrapper"
+        for m in (2, 16, 17, 100, 256, 300):
+            x = torch.randn(m, K, dtype=torch.bfloat16, device="cuda")
+            assert _rel(compiled(x), _ref(cpu_model, x)) < TOL[family], (family, m)
+            ours = [k for k in _kernels_per_call(compiled, x) if _kernels(k)]  # qlower's, not cuBLAS's
+            if family == "woq_int8" and m > 256:
+                assert len(ours) == 1 and "woq_dequant_kernel" in ours[0], (m, ours)
+            else:
+                assert len(ours) == 1 and "woq_dequant_kernel" not in ours[0], (family, m, ours)
+
+
 @needs_cuda_package_load
 def test_aoti_package_with_a_dim_batch_runs_every_bucket(tmp_path):
     from torch.export import Dim, export

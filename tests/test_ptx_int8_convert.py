@@ -22,7 +22,9 @@ def _half_bits(value: float, dtype: torch.dtype) -> int:
 
 
 def _half_value(bits: int, dtype: torch.dtype) -> float:
-    return float(torch.tensor(bits - (1 << 16) if bits & 0x8000 else bits, dtype=torch.int16).view(dtype).item())
+    return float(
+        torch.tensor(bits - (1 << 16) if bits & 0x8000 else bits, dtype=torch.int16).view(dtype).item()
+    )
 
 
 def _pairwise(a: int, b: int, c: int | None, dtype: torch.dtype, op) -> int:

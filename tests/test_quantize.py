@@ -38,7 +38,12 @@ def test_int_mm_shape_rule():
         return SimpleNamespace(device=torch.device("cuda"), shape=torch.Size(shape))
 
     assert quantize._int_mm_takes(on_cuda(17, 64), on_cuda(64, 32))
-    for a_shape, b_shape in (((16, 64), (64, 32)), ((1, 64), (64, 32)), ((32, 60), (60, 32)), ((32, 64), (64, 30))):
+    for a_shape, b_shape in (
+        ((16, 64), (64, 32)),
+        ((1, 64), (64, 32)),
+        ((32, 60), (60, 32)),
+        ((32, 64), (64, 30)),
+    ):
         assert not quantize._int_mm_takes(on_cuda(*a_shape), on_cuda(*b_shape)), (a_shape, b_shape)
 
 

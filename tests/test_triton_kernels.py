@@ -156,22 +156,44 @@ def _launches(gm) -> list[str]:
     ]
 
 
+def _branch_leaves(gm) -> list[list[str]]:
+    """The kernels each leaf of the graph's `torch.cond` tree launches (the graph itself if it has no cond)."""
+    conds = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+    if not conds:
+        return [_launches(gm)]
+    assert len(conds) == 1 and not _launches(gm), gm.graph
+    _, true_gm, false_gm, _ = (getattr(gm, a.target) if getattr(a, "op", None) == "get_attr" else a
+                               for a in conds[0].args)  # fmt: skip
+    return _branch_leaves(true_gm) + _branch_leaves(false_gm)
+
+
 @needs_triton
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_emits_kernel_launches_not_an_opaque_op(dynamic):
-    gm = _lowered_cpu_graph(dynamic, form="kn_weight")
+@pytest.mark.parametrize("mode", ["static", "dynamic", "dynamic_cudagraphs"])
+def test_emits_kernel_launches_not_an_opaque_op(mode):
+    """Static M=10: one launch from the table. Symbolic M: per range of the plan up to AUTO's crossover
+    (M = 256) the static kernel, then the dequantization + cuBLAS range above it; without CUDA graphs as a tree
+    of `torch.cond` on M (one launch per call), under CUDA graphs as gated launches (Inductor refuses to
+    capture a cond)."""
+    with torch._inductor.config.patch({"triton.cudagraphs": mode == "dynamic_cudagraphs"}):
+        gm = _lowered_cpu_graph(mode != "static", form="kn_weight")
     summary = testing.graph_summary(gm)
     assert "qlower.woq_int8_linear" not in summary and "_weight_int8pack_mm" not in summary
-    launches = _launches(gm)
-    # static M=10: one launch from the table; dynamic M: one gated launch per range of the plan up to AUTO's
-    # crossover (M = 256), and the gated weight dequantization of the cuBLAS range above it
-    if not dynamic:
+    if mode == "static":
+        launches = _launches(gm)
         assert len(launches) == 1 and set(launches) <= set(KERNEL_NAMES), launches
-    else:
-        plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 64, 48, max_m=256)
-        assert len(plan) >= 3 and len(launches) == len(plan) + 1, (plan, launches)
-        assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel", "woq_dequant_kernel"}, launches
-        assert "sym_min" in summary and "sym_max" in summary and "aten.addmm(" in summary, summary  # bias
+        return
+    plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 64, 48, max_m=256)
+    kernels = {"decode": "woq_decode_kernel", "mm": "qlinear_mm_kernel", "gemv": "woq_int8_gemv_kernel"}
+    want = [[kernels[cfg.kernel]] for _, _, cfg in plan] + [["woq_dequant_kernel"]]
+    assert len(plan) >= 3, plan
+    if mode == "dynamic":
+        assert _branch_leaves(gm) == want, gm.graph
+        assert "sym_min" not in summary, summary
+        return
+    launches = _launches(gm)
+    assert len(launches) == len(plan) + 1, (plan, launches)
+    assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel", "woq_dequant_kernel"}, launches
+    assert "sym_min" in summary and "sym_max" in summary and "aten.addmm(" in summary, summary  # bias
 
 
 @needs_triton
@@ -301,6 +323,124 @@ for m in MS:
     assert out.dtype == torch.float16 and out.shape == (m, N) and err < 3e-3, ("dynamic_int8", m, err)
 print("ok")
 """
+
+
+def _traced_dynamic_m(fn, *args):
+    """`fn` traced as qlower's emit traces it: M (args[0]'s dim 0) symbolic, every other size static."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+
+    def ctx(a, first):
+        dims = [DimDynamic.DYNAMIC if first and i == 0 else DimDynamic.STATIC for i in range(a.dim())]
+        return StatelessSymbolicContext(dynamic_sizes=dims)
+
+    fakes = [mode.from_tensor(a, symbolic_context=ctx(a, i == 0)) for i, a in enumerate(args)]
+    with mode:
+        return make_fx(dispatch_functionalize(fn, FunctionalTensorMode()), tracing_mode="real")(*fakes)
+
+
+def _at(v, sym, m: int) -> int:
+    """An int, or an fx node's SymInt value, at M = m."""
+    val = v.meta["val"] if isinstance(v, torch.fx.Node) else v
+    return int(val.node.expr.subs(sym, m)) if isinstance(val, torch.SymInt) else int(val)
+
+
+def _leaf_at(gm, sym, m: int) -> list[tuple[str, dict]]:
+    """The launches (kernel name, constant args) of the `torch.cond` leaf the graph runs at M = m."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    hop = torch.ops.higher_order.triton_kernel_wrapper_functional
+    for node in gm.graph.nodes:
+        if node.target is torch.ops.higher_order.cond:
+            pred, true_gm, false_gm, _ = node.args
+            taken = bool(pred.meta["val"].node.expr.subs(sym, m))
+            return _leaf_at(getattr(gm, (true_gm if taken else false_gm).target), sym, m)
+    return [
+        (kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__,
+         {**kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]), **n.kwargs["kwargs"],
+          "grid": [_at(g, sym, m) for g in n.kwargs["grid"][0]]})
+        for n in gm.graph.nodes if n.target is hop
+    ]  # fmt: skip
+
+
+@needs_triton
+@pytest.mark.parametrize("family", ["woq_int8", "dynamic_int8"])
+def test_host_branched_dynamic_m_takes_the_static_kernel_at_every_m(family):
+    """The `torch.cond` form a symbolic M gets without CUDA graphs: at every M (bucket edges and between)
+    the one leaf taken launches exactly the kernel and tile of M's range in the dynamic plan (the static
+    compile's config where the table measured one: test_dynamic_plan_covers_every_m_once_...); woq-int8 under
+    AUTO hands M > 256 to the dequantization + cuBLAS leaf. Its numbers are checked on the H200
+    (tests/test_dynamic_m_gpu.py compiles in default mode) and each config's in the interpreter above."""
+    from qlower.lowerings.kernels.triton import int8_ops  # noqa: F401  (registers the triton_ops)
+    from qlower.lowerings.kernels.triton.tuned import current_device_name
+
+    k, n = 4096, 4096  # a tuned shape: the device table's entries, not only the rules
+    device = current_device_name(torch.device("cpu"))
+    w, ws = torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5
+    if family == "woq_int8":
+        x = torch.randn(8, k, dtype=torch.bfloat16)
+        gm = _traced_dynamic_m(
+            lambda x, w, s: torch.ops.qlower.woq_int8_linear(x, w, s, None, 256, True), x, w, ws
+        )
+        plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, k, n, device, 256)
+    else:
+        xq, xs = torch.randint(-128, 128, (8, k), dtype=torch.int8), torch.rand(8, 1)
+        gm = _traced_dynamic_m(
+            lambda xq, xs, w, s: torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, None, torch.bfloat16, True),
+            xq, xs, w, ws,
+        )  # fmt: skip
+        plan = configs.dynamic_plan(configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED, k, n, device)
+    placeholder = next(nd for nd in gm.graph.nodes if nd.op == "placeholder")
+    sym = placeholder.meta["val"].shape[0].node.expr
+    names = {"decode": "woq_decode_kernel", "mm": "qlinear_mm_kernel", "gemv": "woq_int8_gemv_kernel",
+             "tma": "_mm_tma_dev_kernel"}  # fmt: skip
+    for m in (1, 2, 3, 4, 5, 15, 16, 17, 63, 64, 65, 128, 129, 255, 256, 257, 512, 513, 2000):
+        leaf = _leaf_at(gm, sym, m)
+        if family == "woq_int8" and m > 256:
+            assert [name for name, _ in leaf] == ["woq_dequant_kernel"], (m, leaf)
+            continue
+        (cfg,) = [c for lo, hi, c in plan if lo <= m and (hi is None or m <= hi)]
+        if cfg.kernel == "tma":  # CPU tensors: the launcher's fallback tile (TMA needs a CUDA device)
+            cfg = configs.TMA_FALLBACK
+        assert len(leaf) == 1 and leaf[0][0].endswith(names[cfg.kernel]), (m, cfg, leaf)
+        consts = leaf[0][1]
+        assert (consts["BLOCK_M"], consts["BLOCK_N"], consts["BLOCK_K"]) == (
+            cfg.block_m, cfg.block_n, cfg.block_k), (m, cfg, consts)  # fmt: skip
+
+
+@needs_triton
+def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
+    """The same for `qlower::mx_linear` (MXFP4 weight-only): each M's leaf is its bucket's decode config, the
+    M = 1 leaf also serves M = 0 with an empty grid, and M > 16 takes the MX tensor-core tile."""
+    from qlower.lowerings.kernels.triton import mx_ops
+
+    k, n, e2m1 = 4096, 4096, mx_ops.ELEM_CODE["e2m1"]
+    w, codes = (
+        torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
+        torch.full((n, k // 32), 127, dtype=torch.uint8),
+    )
+    x = torch.randn(8, k, dtype=torch.bfloat16)
+    gm = _traced_dynamic_m(
+        lambda x, w, s: torch.ops.qlower.mx_linear(x, None, w, s, None, 0, e2m1, False, False, torch.bfloat16, True),
+        x, w, codes,
+    )  # fmt: skip
+    sym = next(nd for nd in gm.graph.nodes if nd.op == "placeholder").meta["val"].shape[0].node.expr
+    for m in (0, 1, 2, 3, 4, 5, 16, 17, 300):
+        ((name, args),) = _leaf_at(gm, sym, m)
+        assert (args["grid"][0] * args["grid"][1] * args["grid"][2] == 0) == (m == 0), (m, args["grid"])
+        cfg = mx_ops.pick_decode(max(m, 1), e2m1, k, n)
+        if cfg is None:
+            big = mx_ops.pick_config(1 << 20, 0, e2m1)
+            assert name == "mx_mm_kernel" and (args["BLOCK_M"], args["BLOCK_N"]) == (big.block_m, big.block_n)
+            continue
+        assert cfg.kernel in name and (args["BLOCK_M"], args["BLOCK_N"]) == (cfg.block_m, cfg.block_n), (
+            m,
+            name,
+        )
 
 
 @needs_triton

@@ -80,14 +80,21 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 
 
 # --------------------------------------------------------------------- qlower.woq_int8_gemm
-# qlower's own CPU GEMM (lowerings/kernels/csrc/woq_gemm.cpp): int8 -> float inside the K loop, converted once
-# per block and reused by every M row, the graph's own arithmetic (tests/test_cpu_woq_gemm.py). AUTO takes it
-# where it was measured faster than every other lowering, per ISA path and activation dtype: the largest
-# static M it is preferred at (None: every M, a dynamic M included; absent: not preferred).
+# qlower's own CPU GEMM (lowerings/kernels/csrc/woq_gemm.cpp): int8 -> float inside the kernel, the graph's own
+# arithmetic (tests/test_cpu_woq_gemm.py). Two paths, chosen by the kernel at each call: direct (its own
+# micro-kernel, each int8 block converted once and reused by every M row) and chunked (chunks of N columns
+# converted into an L2-sized buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16
+# kernels where the CPU has them). `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked` forces one; auto takes chunked
+# for bf16 x at the avx512_bf16 level from M = 16 on (`kChunkedMinM` in the kernel, provisional: to be
+# measured), direct otherwise, and at that level runs the direct path on the avx512 fp32-FMA kernels unless
+# `QLOWER_CPU_WOQ_ISA=avx512_bf16` forces vdpbf16ps.
+# AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa) and
+# activation dtype, with the kernel's auto path: WOQ_GEMM_MAX_M holds the static M range (min_m, max_m) it is
+# preferred in (max_m None: no upper bound; (0, None): every M, a dynamic M included; absent: not preferred).
 #
-# Measured on a 2-core AMD EPYC (KVM, AVX2, no AVX512), torch 2.13: eager calls of what each lowering emits,
-# the minimum of 3 interleaved rounds, 4 weight sets rotated; ms at 4096x4096 | 4096x14336, this kernel vs
-# `_weight_int8pack_mm` vs `qlower.int8_weight_mm` (+ the scale):
+# Measured on a 2-core AMD EPYC (KVM, AVX2, no AVX512), torch 2.13, the direct path: eager calls of what each
+# lowering emits, the minimum of 3 interleaved rounds, 4 weight sets rotated; ms at 4096x4096 | 4096x14336,
+# this kernel vs `_weight_int8pack_mm` vs `qlower.int8_weight_mm` (+ the scale):
 #   bf16, 1 thread   M=1 1.33 vs 1.73 vs 7.34 | 5.05 vs 5.95 vs 24.3;   M=4 2.52 vs 3.39 vs 16.9 | 7.91 vs 11.3
 #                    vs 57.6;   M=16 10.9 vs 13.5 vs 53.4 | 36.9 vs 46.7 vs 188;   M=128 73.7 vs 400 | 230 vs
 #                    1392;   M=1024 717 vs 3535 | 2376 vs 12164 (this CPU's bf16 GEMM has no native bf16 unit)
@@ -99,15 +106,21 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #   fp32, 2 threads, 4096x4096: 0.73 / 5.03 / 63.8 / 504 vs 5.50 / 13.6 / 92.1 / 474; 1 thread M=128 69.4 vs
 #                    73.7, M=1024 553 vs 496 (int8_weight_mm's fp32 GEMM wins there): up to M = 128.
 # AVX512 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"; a Xeon with AVX512-BF16 and AMX, 2 threads,
-# bf16): the avx512 (fp32 FMA) path beat `_weight_int8pack_mm` at M = 1 (1.89x / 0.99x at 4096^2 / 4096->14336)
-# and M = 4 (1.15x / 1.16x), lost at M = 16 (0.78x / 0.81x): up to M = 4. The avx512_bf16 path lost at M = 1..16
-# there (0.68-1.01x): not preferred, so an AVX512-BF16 CPU (its default path) keeps the other lowerings.
+# bf16, the direct path before the chunked one existed): the avx512 (fp32 FMA) kernels beat
+# `_weight_int8pack_mm` at M = 1 (1.89x / 0.99x at 4096^2 / 4096->14336) and M = 4 (1.15x / 1.16x), lost at
+# M = 16 (0.78x / 0.81x): up to M = 4 with QLOWER_CPU_WOQ_ISA=avx512. The vdpbf16ps kernels lost to them at
+# M = 1..16 (0.68-1.01x of int8pack), and both were 0.16-0.43x of bf16 F.linear (AMX) at M >= 16, which the
+# chunked path addresses. ("avx512_bf16", bf16) is provisional: to be measured (scripts/bench_cpu_woq_gemm.py
+# shows both paths against `_weight_int8pack_mm` and bf16 F.linear).
 WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
-WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], int | None] = {
-    ("avx2", torch.bfloat16): None,
-    ("avx2", torch.float16): None,
-    ("avx2", torch.float32): 128,
-    ("avx512", torch.bfloat16): 4,
+WOQ_GEMM_PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # forces the kernel's path (auto, direct, chunked)
+WOQ_GEMM_EVERY_M: tuple[int, int | None] = (0, None)
+WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
+    ("avx2", torch.bfloat16): WOQ_GEMM_EVERY_M,
+    ("avx2", torch.float16): WOQ_GEMM_EVERY_M,
+    ("avx2", torch.float32): (0, 128),
+    ("avx512", torch.bfloat16): (0, 4),
+    ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,  # provisional: to be measured
 }
 # K * N below this: not preferred (at 1024^2, M = 1, 1 thread, it tied with `_weight_int8pack_mm`: 0.16 vs
 # 0.15 ms; at 2048^2 it was 1.1-1.5x faster at M = 1..16)
@@ -115,8 +128,9 @@ WOQ_GEMM_MIN_WEIGHT = 2**22
 
 
 def cpu_woq_isa() -> str:
-    """The ISA path qlower::woq_int8_gemm takes on this CPU: QLOWER_CPU_WOQ_ISA, else the best available
-    (the kernel decides the same way at run time with `__builtin_cpu_supports`)."""
+    """The ISA level qlower::woq_int8_gemm runs at on this CPU: QLOWER_CPU_WOQ_ISA, else the best available
+    (the kernel decides the same way at run time with `__builtin_cpu_supports`; at avx512_bf16 its auto path
+    is chunked for bf16 x from M = 16, else the avx512 kernels: the table's entry for that level is for both)."""
     forced = os.environ.get(WOQ_GEMM_ISA_ENV)
     if forced:
         return forced
@@ -142,13 +156,19 @@ def woq_gemm_preferred(rec: QuantLinear) -> str | None:
     isa = cpu_woq_isa()
     if (isa, rec.compute_dtype) not in WOQ_GEMM_MAX_M:
         return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
-    max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
+    min_m, max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
     if not (is_static(rec.k) and is_static(rec.n)) or int(rec.k) * int(rec.n) < WOQ_GEMM_MIN_WEIGHT:
         return f"K*N={rec.k}*{rec.n} < {WOQ_GEMM_MIN_WEIGHT}: not measured faster (WOQ_GEMM_MIN_WEIGHT)"
     if rec.weight_layout != "NK":
         return "a [K, N] weight: the kernel packs it with a scalar transpose"
-    if max_m is not None and not (is_static(rec.m) and int(rec.m) <= max_m):
-        return f"M={rec.m} is not <= {max_m}, the largest M measured faster on the {isa} path"
+    if (min_m, max_m) == WOQ_GEMM_EVERY_M:
+        return None
+    where = f"M in [{min_m}, {'inf' if max_m is None else max_m}]"
+    if not is_static(rec.m):
+        return f"M is dynamic and the {isa} path was measured faster only at {where}"
+    m = int(rec.m)
+    if m < min_m or (max_m is not None and m > max_m):
+        return f"M={m}: the {isa} path was measured faster only at {where}"
     return None
 
 
@@ -166,8 +186,8 @@ WOQ_INT8_GEMM_CPU = Lowering(
     supports=_supports_woq_gemm,
     emit=emit_woq_int8_gemm,
     prefer=woq_gemm_preferred,
-    doc="qlower's CPU GEMM converting int8 inside the K loop (AVX512-BF16/AVX512/AVX2/scalar), scale and "
-    "bias in its epilogue",
+    doc="qlower's CPU GEMM converting int8 inside the kernel (its own AVX512-BF16/AVX512/AVX2/scalar micro-kernel, "
+    "or converted chunks multiplied by ATen's GEMM), scale and bias in its epilogue",
 )
 
 
@@ -454,6 +474,6 @@ def register() -> None:
         ],
         describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
         replace=True,
-        # read by cpu_int8_isa, the prepack cache rule, cpu_woq_isa
-        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH, WOQ_GEMM_ISA_ENV),
+        # read by cpu_int8_isa, the prepack cache rule, cpu_woq_isa; the woq_int8_gemm path the table assumes
+        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH, WOQ_GEMM_ISA_ENV, WOQ_GEMM_PATH_ENV),
     )

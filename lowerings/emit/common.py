@@ -13,7 +13,7 @@ from torch import fx
 from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from qlower.patterns.graph_utils import MUL_OPS, aten, is_call, prims, tensor_val
+from qlower.patterns.graph_utils import MUL_OPS, aten, is_call, is_static, prims, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -203,3 +203,13 @@ def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
     if rec.out_shape is not None:
         out = em.reshape(out, rec.out_shape)
     return out
+
+
+def host_branches(rec: QuantLinear) -> bool:
+    """Whether a symbolic M picks its kernel with a host `if` (`torch.cond`: one launch per call) rather than
+    gated grids (one launch per M range, all but one empty). Inductor refuses CUDA graphs for a graph holding
+    a `torch.cond` on CUDA tensors, so under CUDA graphs (`triton.cudagraphs`, which mode="reduce-overhead"
+    sets) the gated form stays: a captured graph replays only the launch that ran."""
+    from torch._inductor import config as inductor_config
+
+    return not is_static(rec.m) and not inductor_config.triton.cudagraphs

@@ -9,7 +9,7 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish, product_dtype, scale_epilogue
+from qlower.lowerings.emit.common import Emitter, finish, host_branches, product_dtype, scale_epilogue
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import emitting_under
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
@@ -76,11 +76,12 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     tensors += [bias] if bias is not None else []
 
     dense_above = _dense_above(rec)
+    host_branch = host_branches(rec)
 
     def call(
         x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above)
+        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above, host_branch)
 
     core = emit_traced(em, call, tensors)
     core = scale_epilogue(em, rec, core) if after else core
@@ -100,11 +101,12 @@ def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     x_scale = aq.x_scale if isinstance(aq.x_scale, fx.Node) else _full(em, rec, aq.x_scale)
     tensors = [em.contiguous(x_q), x_scale, _weight_nk_view(em, rec), _scale_tensor(em, rec)]
     tensors += [bias] if bias is not None else []
+    host_branch = host_branches(rec)
 
     def call(
         xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ):
-        return torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, b, out_dtype)
+        return torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, b, out_dtype, host_branch)
 
     core = emit_traced(em, call, tensors)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish
+from qlower.lowerings.emit.common import Emitter, finish, host_branches
 from qlower.lowerings.emit.mx import as_u8_view, scale_codes
 from qlower.patterns.graph_utils import known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
@@ -43,6 +43,7 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     bias = rec.bias if bv is not None and known_eq(bv.numel(), rec.n) else None
     tensors += [w, ws] + ([bias] if bias is not None else [])
     w_fmt, out_dtype, has_xs = _elem_code(d["w_elem"]), rec.compute_dtype, aq is not None
+    host_branch = host_branches(rec)
 
     def call(*ts: torch.Tensor) -> torch.Tensor:
         it = iter(ts)
@@ -50,7 +51,9 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         xs_t = next(it) if has_xs else None
         w_t, ws_t = next(it), next(it)
         b_t = next(it, None)
-        return torch.ops.qlower.mx_linear(a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype)
+        return torch.ops.qlower.mx_linear(
+            a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch
+        )
 
     core = emit_traced(em, call, tensors)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

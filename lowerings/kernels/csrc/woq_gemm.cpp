@@ -1,5 +1,5 @@
 // qlower::woq_int8_gemm: x [M, K] (bf16/fp16/fp32) @ w [N, K] int8, with the int8 -> float conversion inside
-// the K loop, on CPU (issue 20). It computes the user's formula with the user's own roundings, up to the order
+// the kernel, on CPU (issue 20). It computes the user's formula with the user's own roundings, up to the order
 // of the fp32 sums:
 //   acc[m, n] = sum_k x[m, k] * w'[n, k] in fp32, w' = w (exact in every activation dtype), or, when the graph
 //               scales the weight (`w.to(dtype) * s`), w' = round_dtype(fp32(w) * s[n]) as the graph rounds it;
@@ -8,20 +8,39 @@
 //   y = round_out(fp32(y) + bias[n]) if a bias is given.
 // Products of bf16/fp16 activations and int8 weights are exact in fp32; fp32 activations round each product
 // as F.linear's own FMAs do. The AVX512-BF16 path (vdpbf16ps) treats bf16 denormals as zero, like oneDNN's bf16
-// GEMM on the same instruction.
+// GEMM on the same instruction; the chunked path below runs F.linear's own GEMM on the converted weight.
 //
-// Kernel (a dot-product formulation: both operands are contiguous along K, so neither is transposed):
-// - threads over blocks of N columns (and of M rows for large M), each block [mb x nb] summed over K blocks
-//   into a thread-local fp32 strip, then finished (roundings, scale, bias) by a vectorized epilogue;
-// - M <= 8 (decode): the int8 rows are converted in registers right where the FMAs read them, one pass over
-//   K per 4 rows;
-// - larger M: each int8 [nb x kc] block is converted once into a thread-local float (or bf16) buffer and
-//   reused by every M row of the block;
-// - micro-kernel: MR rows x NR columns of vector accumulators over K, horizontal sums at the end of a K block.
+// Two paths, chosen per call (`QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked`, read at each call; auto when
+// unset):
+// - direct: qlower's own micro-kernel (a dot-product formulation: both operands are contiguous along K, so
+//   neither is transposed):
+//   - threads over blocks of N columns (and of M rows for large M), each block [mb x nb] summed over K
+//     blocks into a thread-local fp32 strip, then finished (roundings, scale, bias) by a vectorized epilogue;
+//   - M <= 8 (decode): the int8 rows are converted in registers right where the FMAs read them, one pass
+//     over K per 4 rows;
+//   - larger M: each int8 [nb x kc] block is converted once into a thread-local float (or bf16) buffer and
+//     reused by every M row of the block;
+//   - micro-kernel: MR rows x NR columns of vector accumulators over K, horizontal sums at the end of a K
+//     block.
+// - chunked: threads over chunks of N columns (and blocks of at most 1024 M rows, smaller where there are
+//   fewer chunks than threads); each thread converts its chunk's int8 rows w[n0 : n0 + nc, :] (all of K)
+//   into a thread-local buffer of x's dtype (exact for int8; w' above where the graph scales the weight)
+//   sized for L2 (512 KiB, 1 MiB from M = 256 on, so x is re-read fewer times; 16 rows at least), multiplies
+//   it with ATen's own GEMM (`at::mm_out`, as F.linear does: oneDNN's bf16 GEMM, AMX / AVX512-BF16 where the
+//   CPU has them; one thread inside the parallel region) into a thread-local [mb, nc] buffer of x's dtype
+//   (the matmul's rounding), and finishes it with the same epilogue. Correct on every CPU; fast where ATen's
+//   GEMM is (the direct micro-kernel was 0.16-0.43x of bf16 F.linear at M >= 16 on a Xeon with AMX:
+//   BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm").
+// auto: chunked for bf16 x at the avx512_bf16 level (a native bf16 GEMM) from M = kChunkedMinM on
+// (provisional: to be measured), else direct; at that level the direct path of bf16 x runs the avx512
+// fp32-FMA kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16
+// forces them.
 // Timings against the other CPU lowerings: lowerings/devices/cpu.py (WOQ_GEMM_MAX_M).
 // ISA: AVX512-BF16 vdpbf16ps for bf16 x, else AVX512 or AVX2 fp32 FMA, else a scalar loop; chosen at run time
 // (`__builtin_cpu_supports`), each compiled under `#pragma GCC target` so one library serves every x86-64 CPU.
-// `QLOWER_CPU_WOQ_ISA=scalar|avx2|avx512|avx512_bf16` forces a path (an error where the CPU lacks it).
+// `QLOWER_CPU_WOQ_ISA=scalar|avx2|avx512|avx512_bf16` forces a path (an error where the CPU lacks it); a
+// forced level below avx512_bf16 keeps auto on the direct path. The chunked path uses the level's conversion
+// and epilogue code.
 // The ISA-generic part (the QLOWER_WOQ_GEMM_BODY section at the end) is included once per ISA namespace.
 //
 // Built twice: into libqlower_ops.so (lowerings/aoti/build.py; the schema comes from the Python registration in
@@ -33,6 +52,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -118,6 +139,12 @@ struct Kernels {
   // fp32 sums c [mb x nb] -> out[m0 :, n0 :] with the roundings, scale and bias of the formula
   void (*epilogue)(const Problem& p, const float* c, int64_t ldc, int64_t m0, int64_t mb, int64_t n0,
                    int64_t nb);
+  // chunked path: rows [n0, n0 + nb) of w, all of K -> rows of x's dtype in dst (row stride ldd elements),
+  // exact for int8, round_act(fp32(w) * s[n]) where the graph scales the weight (as pack_b)
+  void (*pack_rows)(const Problem& p, int64_t n0, int64_t nb, void* dst, int64_t ldd);
+  // chunked path: c [mb x nb] in x's dtype (the matmul, already rounded) -> out[m0 :, n0 :], as epilogue
+  void (*epilogue_act)(const Problem& p, const void* c, int64_t ldc, int64_t m0, int64_t mb, int64_t n0,
+                       int64_t nb);
 };
 
 // ---- scalar conversions (round to nearest even, as c10 and the vector paths do)
@@ -480,6 +507,8 @@ Kernels make_kernels() {
   k.pack_a = nullptr;  // A is x itself
   k.pack_b = &pack_b;
   k.epilogue = &avx512::epilogue;
+  k.pack_rows = &avx512::pack_rows;
+  k.epilogue_act = &avx512::epilogue_act;
   return k;
 }
 }  // namespace qlower::woq::avx512_bf16
@@ -664,6 +693,88 @@ void run(const Problem& p, const Kernels& kk) {
   });
 }
 
+// ---- the chunked driver: qlower converts, ATen's GEMM multiplies
+
+constexpr int64_t kChunkBytes = 512 << 10;     // converted rows of one chunk, in L2 while x's rows stream by
+constexpr int64_t kChunkBytesLargeM = 1 << 20;  // from M = kChunkLargeM: wider chunks, x re-read fewer times
+constexpr int64_t kChunkLargeM = 256;
+constexpr int64_t kChunkMinRows = 64;    // the fewest M rows of a block when M is split among threads
+constexpr int64_t kChunkMaxRows = 1024;  // the most: bounds the [mb, nc] result buffer
+
+void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& opts) {
+  const int64_t es = elem_size(p.act);
+  const int64_t budget = p.M >= kChunkLargeM ? kChunkBytesLargeM : kChunkBytes;
+  const int64_t n16 = (p.N + 15) / 16 * 16;
+  int64_t nc = std::clamp<int64_t>(budget / (std::max<int64_t>(p.K, 1) * es) / 16 * 16, 16, n16);
+  const int64_t threads = std::max(1, at::get_num_threads());
+  if ((p.N + nc - 1) / nc < threads) {  // narrower chunks (multiples of 16 columns) so every thread has one
+    nc = std::min(nc, std::max<int64_t>(16, ((p.N + threads - 1) / threads + 15) / 16 * 16));
+  }
+  const int64_t n_chunks = (p.N + nc - 1) / nc;
+  int64_t m_blocks = 1;  // still fewer chunks than threads: blocks of M rows too
+  if (n_chunks < threads) {
+    const int64_t most = std::max<int64_t>(1, p.M / kChunkMinRows);
+    m_blocks = std::clamp<int64_t>((threads + n_chunks - 1) / n_chunks, 1, most);
+  }
+  m_blocks = std::max(m_blocks, (p.M + kChunkMaxRows - 1) / kChunkMaxRows);
+  const int64_t mc = (p.M + m_blocks - 1) / m_blocks;
+  m_blocks = (p.M + mc - 1) / mc;
+  const int64_t K = p.K;
+  const char* x = static_cast<const char*>(p.x);
+  // Units run chunk-major: a thread's consecutive units of one chunk convert it once.
+  at::parallel_for(0, n_chunks * m_blocks, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> b_buf, c_buf;  // float-typed for alignment; holds x's dtype
+    void* b = grown(b_buf, static_cast<size_t>((std::max<int64_t>(nc * K, 1) * es + 3) / 4));
+    void* c = grown(c_buf, static_cast<size_t>((mc * nc * es + 3) / 4));
+    int64_t packed = -1;
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t chunk = u / m_blocks;
+      const int64_t n0 = chunk * nc, nb = std::min(nc, p.N - n0);
+      const int64_t m0 = (u % m_blocks) * mc, mb = std::min(mc, p.M - m0);
+      if (chunk != packed) {
+        kk.pack_rows(p, n0, nb, b, K);
+        packed = chunk;
+      }
+      // Plain tensors over the buffers and x's rows (no autograd, no inference-mode state: this may run on a
+      // worker thread, which has neither of the caller's thread-local modes).
+      const at::Tensor a_t = at::from_blob(const_cast<char*>(x) + m0 * p.lda * es, {mb, K}, {p.lda, 1}, opts);
+      const at::Tensor b_t = at::from_blob(b, {nb, K}, {K, 1}, opts);
+      at::Tensor c_t = at::from_blob(c, {mb, nb}, {nb, 1}, opts);
+      at::mm_out(c_t, a_t, b_t.t());
+      kk.epilogue_act(p, c, nb, m0, mb, n0, nb);
+    }
+  });
+}
+
+// ---- the path of one call
+
+enum class Path : int { Auto = 0, Direct = 1, Chunked = 2 };
+constexpr const char* kPathNames[] = {"auto", "direct", "chunked"};
+
+// auto takes the chunked path from this M on, for bf16 x at the avx512_bf16 level (provisional: to be
+// measured on a CPU with AMX and one with AVX512-BF16 only, scripts/bench_cpu_woq_gemm.py).
+constexpr int64_t kChunkedMinM = 16;
+
+// QLOWER_CPU_WOQ_GEMM_PATH, read at each call like QLOWER_CPU_WOQ_ISA.
+Path chosen_path() {
+  const char* forced = std::getenv("QLOWER_CPU_WOQ_GEMM_PATH");
+  if (forced == nullptr || forced[0] == '\0') {
+    return Path::Auto;
+  }
+  for (int i = 0; i <= static_cast<int>(Path::Chunked); ++i) {
+    if (std::strcmp(forced, kPathNames[i]) == 0) {
+      return static_cast<Path>(i);
+    }
+  }
+  TORCH_CHECK(false, "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_GEMM_PATH=", forced,
+              " is not one of auto, direct, chunked");
+}
+
+bool isa_forced() {
+  const char* forced = std::getenv("QLOWER_CPU_WOQ_ISA");
+  return forced != nullptr && forced[0] != '\0';
+}
+
 DType dtype_of(at::ScalarType t, const char* what) {
   switch (t) {
     case at::kFloat:
@@ -729,7 +840,15 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   p.M = M;
   p.N = N;
   p.K = K;
-  run(p, kernels_for(chosen_level(), p.act));
+  const Level level = chosen_level();
+  const Path path = chosen_path();
+  const bool native_bf16_gemm = level == Level::Avx512Bf16 && p.act == DType::BF16;
+  if (path == Path::Chunked || (path == Path::Auto && native_bf16_gemm && M >= kChunkedMinM)) {
+    run_chunked(p, kernels_for(level, p.act), xc.options());
+    return out;
+  }
+  // The direct path at the avx512_bf16 level: the fp32-FMA kernels, unless the vdpbf16ps ones are forced.
+  run(p, kernels_for(native_bf16_gemm && !isa_forced() ? Level::Avx512 : level, p.act));
   return out;
 }
 
@@ -923,6 +1042,61 @@ void epilogue(const Problem& p, const float* c, int64_t ldc, int64_t m0, int64_t
   }
 }
 
+inline V load_v(DType dt, const void* base, int64_t i) {
+  switch (dt) {
+    case DType::BF16:
+      return Isa::load_bf16(static_cast<const uint16_t*>(base) + i);
+    case DType::F16:
+      return Isa::load_f16(static_cast<const uint16_t*>(base) + i);
+    default:
+      return Isa::loadu(static_cast<const float*>(base) + i);
+  }
+}
+
+// w rows [n0, n0 + nb), all of K -> rows of x's dtype (store_v rounds to nearest even, as pack_b's round_v).
+void pack_rows(const Problem& p, int64_t n0, int64_t nb, void* dst, int64_t ldd) {
+  const bool scaled = p.scale_on_weight;
+  if (p.sk == 1) {
+    const int64_t kv = p.K / W * W;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int8_t* src = p.w + (n0 + j) * p.sn;
+      const int64_t row = j * ldd;
+      const float s = scaled ? p.scale[n0 + j] : 1.f;
+      const V sv = Isa::set1(s);
+      for (int64_t k = 0; k < kv; k += W) {
+        const V v = Isa::load_i8(src + k);
+        store_v(p.act, dst, row + k, scaled ? Isa::mul(v, sv) : v);
+      }
+      for (int64_t k = kv; k < p.K; ++k) {
+        const float v = static_cast<float>(src[k]);
+        store_scalar(p.act, dst, row + k, scaled ? v * s : v);
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < p.K; ++k) {  // a [K, N] weight: its rows run along N
+    const int8_t* src = p.w + k * p.sk + n0 * p.sn;
+    for (int64_t j = 0; j < nb; ++j) {
+      const float v = static_cast<float>(src[j * p.sn]);
+      store_scalar(p.act, dst, j * ldd + k, scaled ? v * p.scale[n0 + j] : v);
+    }
+  }
+}
+
+void epilogue_act(const Problem& p, const void* c, int64_t ldc, int64_t m0, int64_t mb, int64_t n0,
+                  int64_t nb) {
+  const int64_t nv = nb / W * W;
+  for (int64_t i = 0; i < mb; ++i) {
+    const int64_t base = (m0 + i) * p.ldo + n0;
+    for (int64_t j = 0; j < nv; j += W) {
+      store_v(p.out_dt, p.out, base + j, finish_v(p, load_v(p.act, c, i * ldc + j), n0 + j));
+    }
+    for (int64_t j = nv; j < nb; ++j) {
+      store_scalar(p.out_dt, p.out, base + j, finish_scalar(p, load_scalar(p.act, c, i * ldc + j), n0 + j));
+    }
+  }
+}
+
 template <class BT, int MR, int NR>
 void fill(TileFn (&row)[kMaxNr + 1]) {
   row[NR] = &tile<MR, NR, BT>;
@@ -953,6 +1127,8 @@ Kernels make_kernels(const char* name) {
   k.pack_a = &pack_a;
   k.pack_b = &pack_b;
   k.epilogue = &epilogue;
+  k.pack_rows = &pack_rows;
+  k.epilogue_act = &epilogue_act;
   return k;
 }
 

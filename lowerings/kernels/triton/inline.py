@@ -35,6 +35,7 @@ def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[
             decomposition_table=select_decomp_table(),
             tracing_mode="real",
         )(*fakes)
+    _adopt_submodules(em.graph, sub)
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     val_map: dict[fx.Node, Any] = dict(zip(placeholders, tensors, strict=True))
     before = set(em.graph.nodes)
@@ -45,3 +46,20 @@ def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[
             node.meta["qlower"] = True
     assert isinstance(out, fx.Node)
     return out
+
+
+def _adopt_submodules(graph: fx.Graph, sub: fx.GraphModule) -> None:
+    """Move the branch graphs of `sub`'s `torch.cond` nodes (its get_attr targets) onto `graph`'s module under
+    names free there, and point the get_attr nodes at them, so the copied nodes find their branches."""
+    gm = graph.owning_module
+    for node in sub.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        if gm is None:
+            raise RuntimeError("qlower: a traced lowering holds subgraphs but the target graph has no module")
+        name, i = node.target, 0
+        while hasattr(gm, name):
+            i += 1
+            name = f"{node.target}_{i}"
+        gm.add_submodule(name, getattr(sub, node.target))
+        node.target = name

@@ -20,7 +20,7 @@ from qlower.lowerings.kernels.triton.int8_kernels import (
     woq_dequant_kernel,
     woq_int8_gemv_kernel,
 )
-from qlower.lowerings.kernels.triton.launch_args import cdiv, flat, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, flat, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.tuned import current_device_name
 from qlower.lowerings.kernels.triton.woq_decode import woq_decode_kernel
 from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
@@ -220,21 +220,59 @@ def _run(
     table: Any,
     dense_above: int = 0,
     as_dynamic: bool = False,
+    host_branch: bool = False,
 ) -> torch.Tensor:
-    """Static M: the device table's config for M. Symbolic M: one launch per M range of `configs.dynamic_plan`
-    (each the kernel a static M there gets), its grid gated by M, so the host picks the kernel from the size
-    without a guard or a device sync (CUDA graphs capture the one that runs). `dense_above` > 0 (woq-int8 under
-    AUTO): M above it takes dequant + cuBLAS instead, as the static lowering does there. `as_dynamic`: a
-    concrete M takes the symbolic path (its gates are then 0/1 ints; tests check every bucket that way)."""
+    """Static M: the device table's config for M. Symbolic M: per M range of `configs.dynamic_plan` the kernel
+    a static M there gets, chosen on the host from the size without a guard or a device sync, in one of two
+    forms. `host_branch` (no CUDA graphs, AOTInductor): `torch.cond` on M, which Inductor generates as an `if`
+    in the wrapper, so one call launches one kernel. Otherwise one launch per range, its grid gated by M to 0
+    or 1 programs' worth (CUDA graphs capture only the launch that runs; Inductor refuses to capture a graph
+    holding a `torch.cond` on CUDA tensors). `dense_above` > 0 (woq-int8 under AUTO): M above it takes dequant
+    + cuBLAS instead, as the static lowering does there. `as_dynamic`: a concrete M takes the gated path (its
+    gates are then 0/1 ints; tests check every bucket that way)."""
     m = a.shape[0]
     n, k = w.shape
     device = current_device_name(a.device)
     if is_static(m) and not as_dynamic:
         return _launch_all([(static_cfg(int(m), k, n, device), 1)], a, w, ws, xs, bias, out_dtype, None)
     plan = configs.dynamic_plan(static_cfg, table, k, n, device, max_m=dense_above or None)
+    if host_branch and not as_dynamic:
+        return _branch_on_m(plan, dense_above, a, w, ws, xs, bias, out_dtype)
     launches = [(cfg, g) for lo, hi, cfg in plan if (g := m_range_gate(m, lo, hi)) is not None]
     dense = _dense_above(a, w, ws, bias, out_dtype, dense_above) if dense_above else None
     return _launch_all(launches, a, w, ws, xs, bias, out_dtype, dense)
+
+
+def _branch_on_m(
+    plan: list[tuple[int, int | None, KernelConfig]],
+    dense_above: int,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    xs: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Per range of the plan M can reach (`m_range_gate`: never pruning M = 1) one ungated launch of its
+    kernel, then dequant + cuBLAS above `dense_above`, chosen by `branch_on_m`'s host `if`s."""
+    m = a.shape[0]
+    has_xs, has_bias = xs is not None, bias is not None
+
+    def leaf(cfg: KernelConfig | None) -> Any:
+        def run(*ops: torch.Tensor) -> torch.Tensor:
+            a_, w_, ws_, *rest = ops
+            xs_ = rest.pop(0) if has_xs else None
+            b_ = rest[0] if has_bias else None
+            if cfg is None:
+                return _dense(a_, w_, ws_, b_, out_dtype)
+            return _launch_all([(cfg, 1)], a_, w_, ws_, xs_, b_, out_dtype, None)
+
+        return run
+
+    leaves: list[Leaf] = [(hi, leaf(cfg)) for lo, hi, cfg in plan if m_range_gate(m, lo, hi) is not None]
+    if dense_above and m_range_gate(m, dense_above + 1, None) is not None:
+        leaves.append((None, leaf(None)))
+    return branch_on_m(leaves, tuple(t for t in (a, w, ws, xs, bias) if t is not None))
 
 
 def _dense_above(
@@ -244,23 +282,36 @@ def _dense_above(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     above: int,
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """The output of cuBLAS on the dequantized weight where M > `above`; where M <= above, the same GEMM with K
     gated to 0 (no weight built, no GEMM: cuBLAS only fills the output, which the Triton launches then write).
-    The scale is folded into the bf16/fp16 weight (one rounding of w * s per element)."""
-    m = a.shape[0]
-    n, k = w.shape
-    g = m_range_gate(m, above + 1, None)
+    None where M > above is impossible (an export `Dim` whose max is <= above): nothing to build."""
+    g = m_range_gate(a.shape[0], above + 1, None)
     if g is None:
-        g = 0
-    kg = k * g
+        return None
+    return _dense(a, w, ws, bias, out_dtype, g)
+
+
+def _dense(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    gate: Any = 1,
+) -> torch.Tensor:
+    """Dequantize the weight (the scale folded in: one rounding of w * s per element) and run cuBLAS; `gate`
+    (1, or a 0/1 SymInt) multiplies K and the dequantization grid."""
+    n, k = w.shape
+    ungated = isinstance(gate, int) and gate == 1
+    kg = k if ungated else k * gate
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
     bn, bk = 32, 128
-    wrap_triton(woq_dequant_kernel)[(cdiv(n, bn) * g, cdiv(k, bk), 1)](
+    wrap_triton(woq_dequant_kernel)[(cdiv(n, bn) * gate, cdiv(k, bk), 1)](
         w, ws1, wd, n, k, w.stride(0), w.stride(1), s_ws, k, 1, BLOCK_N=bn, BLOCK_K=bk, num_warps=4
     )
-    a_k = a.narrow(1, 0, kg)
+    a_k = a if ungated else a.narrow(1, 0, kg)
     out = torch.mm(a_k, wd.t()) if bias is None else torch.addmm(bias.to(a.dtype), a_k, wd.t())
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
@@ -293,13 +344,20 @@ def _launch_all(
 
 @triton_op("qlower::woq_int8_linear", mutates_args=())
 def woq_int8_linear(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, dense_above: int = 0
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dense_above: int = 0,
+    host_branch: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype.
-    `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels."""
+    `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels.
+    `host_branch`: a symbolic M picks its kernel with `torch.cond`, not gated grids (`_run`)."""
     return _run(
-        x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.WOQ_INT8_TUNED, dense_above
-    )
+        x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.WOQ_INT8_TUNED, dense_above,
+        host_branch=host_branch,
+    )  # fmt: skip
 
 
 @triton_op("qlower::int8_dynamic_linear", mutates_args=())
@@ -310,18 +368,14 @@ def int8_dynamic_linear(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    host_branch: bool = False,
 ) -> torch.Tensor:
-    """(x_q [M, K] int8 @ w [N, K].T int8 -> int32) * x_scale [M] * w_scale [N] + bias -> [M, N] out_dtype."""
+    """(x_q [M, K] int8 @ w [N, K].T int8 -> int32) * x_scale [M] * w_scale [N] + bias -> [M, N] out_dtype.
+    `host_branch`: a symbolic M picks its kernel with `torch.cond`, not gated grids (`_run`)."""
     return _run(
-        x_q,
-        w,
-        w_scale,
-        x_scale,
-        bias,
-        out_dtype,
-        configs.dynamic_int8_config,
-        configs.DYNAMIC_INT8_TUNED,
-    )
+        x_q, w, w_scale, x_scale, bias, out_dtype, configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED,
+        host_branch=host_branch,
+    )  # fmt: skip
 
 
 def launch_config(

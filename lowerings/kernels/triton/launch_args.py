@@ -3,9 +3,11 @@ bias vectors flattened for a kernel that reads them with one stride."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._higher_order_ops.cond import cond_op
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
@@ -35,6 +37,40 @@ def m_range_gate(m: Any, lo: int, hi: int | None) -> Any:
     if hi is not None:
         g = g * torch.sym_max(0, torch.sym_min(1, hi + 1 - m))
     return g
+
+
+# One M range of a host-branched launch: its largest M (None: no upper end) and what runs there, called with the
+# operands (tensors only: `torch.cond` passes nothing else to a branch)
+Leaf = tuple[int | None, Callable[..., torch.Tensor]]
+
+
+def branch_on_m(leaves: Sequence[Leaf], operands: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Run the leaf whose M range holds M = operands[0].shape[0], chosen on the host: a balanced tree of
+    `torch.cond(M <= split, ...)`, which Inductor generates as an `if` in the wrapper (Python or AOTInductor's
+    C++), so a call launches only its leaf's kernels. Leaves are in increasing M order. A split the size
+    assumptions decide is taken at trace time; every leaf must compute the right result at any M, so such a
+    decision could only cost speed, never a wrong number. "M > 1" is not taken as proof (see `m_range_gate`):
+    the M = 1 leaf stays for AOTInductor packages run at M = 1.
+
+    The HOP itself, not `torch.cond`: outside torch.compile, `torch.cond` traces its branches with Dynamo, which
+    cannot trace Triton's launcher; under make_fx (qlower's emit) the HOP traces them with make_fx."""
+    if len(leaves) == 1:
+        return leaves[0][1](*operands)
+    mid = len(leaves) // 2
+    split = leaves[mid - 1][0]
+    assert split is not None, "only the last leaf may have no upper end"
+    m = operands[0].shape[0]
+    pred = m <= split
+    if statically_known_true(pred):
+        return branch_on_m(leaves[:mid], operands)
+    if split >= 2 and statically_known_true(m > split):
+        return branch_on_m(leaves[mid:], operands)
+    return cond_op(
+        pred,
+        lambda *o: branch_on_m(leaves[:mid], o),
+        lambda *o: branch_on_m(leaves[mid:], o),
+        operands,
+    )
 
 
 def flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -13,6 +13,7 @@ annotations, on the oldest torch qlower supports too.
 
 # ruff: noqa: UP045
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -20,7 +21,7 @@ import torch
 from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import interpreted
-from qlower.lowerings.kernels.triton.launch_args import cdiv, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
 from qlower.lowerings.kernels.triton.mx_launch import launch_decode
@@ -260,15 +261,19 @@ def mx_linear(
     a_swizzled: bool,
     w_swizzled: bool,
     out_dtype: torch.dtype,
+    host_branch: bool = False,
 ) -> torch.Tensor:
     """A [M, K] (float, or MX bytes with codes) @ W [N, K] (MX bytes, codes).T [+ bias] -> [M, N] out_dtype.
 
     Quantized tensors are uint8: fp8 bytes [R, K], packed e2m1 [R, K / 2], e8m0 codes [R, K / 32] (any
-    strides) or the flat swizzled tensor.
+    strides) or the flat swizzled tensor. A symbolic M picks its kernel per M bucket: `host_branch` (no CUDA
+    graphs, AOTInductor) with `torch.cond` on M (`_branch_on_m`: one launch per call), else with gated grids.
     """
     m, n = a.shape[0], w.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
+    if host_branch and not is_static(m):
+        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     words = _decode_words(a, w, a_fmt, w_fmt)
     if words is not None:
         _decode_or_current(m, a, words, w, w_scale, bias, out, fmts)
@@ -282,6 +287,73 @@ def mx_linear(
     launch(small, a, a_scale, w, w_scale, bias, out, *fmts, gate=on_small)
     launch(large, a, a_scale, w, w_scale, bias, out, *fmts, gate=1 - on_small)
     return out
+
+
+def _branch_on_m(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    fmts: tuple[int, int, bool, bool],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The gated paths' buckets as leaves of `branch_on_m` (host `if`s on M), each one ungated launch."""
+    a_fmt, w_fmt, _, w_swz = fmts
+    m = a.shape[0]
+    has_as, has_bias = a_scale is not None, bias is not None
+    Body = Callable[..., None]  # (a, a_scale, w, w_scale, bias, out) -> None, one bucket's launch
+
+    def leaf(body: Body) -> Callable[..., torch.Tensor]:
+        def run(*ops: torch.Tensor) -> torch.Tensor:
+            it = iter(ops)
+            a_ = next(it)
+            as_ = next(it) if has_as else None
+            w_, ws_ = next(it), next(it)
+            b_ = next(it) if has_bias else None
+            out = torch.empty((a_.shape[0], w_.shape[0]), dtype=out_dtype, device=w_.device)
+            body(a_, as_, w_, ws_, b_, out)
+            return out
+
+        return run
+
+    leaves: list[Leaf] = []
+    if _decode_words(a, w, a_fmt, w_fmt) is not None:
+        k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
+        n = int(w.shape[0]) if is_static(w.shape[0]) else -1
+        for lo, hi in _BUCKETS:
+            if _gate(m, lo, hi) is None:
+                continue
+            rep = lo if hi is None else hi
+            cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else pick_config(1 << 20, a_fmt, w_fmt)
+            cfg = pick_decode(rep, w_fmt, k, n)
+
+            def body(a_, as_, w_, ws_, b_, out, cfg=cfg, cur=cur) -> None:
+                # rows: M itself (the gated path's M = 1 bucket passes rows=1 to keep its gated-off launch
+                # static; a leaf runs only at its own M, so its grid also empties at M = 0)
+                if cfg is None:
+                    launch(cur, a_, None, w_, ws_, b_, out, *fmts)
+                else:
+                    words = _decode_words(a_, w_, a_fmt, w_fmt)
+                    launch_decode(cfg, a_, words, ws_, b_, out, w_fmt, w_swz)
+
+            leaves.append((hi, leaf(body)))
+    else:
+        for hi, cfg in (
+            (GEMV_MAX_M, pick_config(1, a_fmt, w_fmt)),
+            (None, pick_config(1 << 20, a_fmt, w_fmt)),
+        ):
+            leaves.append(
+                (
+                    hi,
+                    leaf(
+                        lambda a_, as_, w_, ws_, b_, out, cfg=cfg: launch(
+                            cfg, a_, as_, w_, ws_, b_, out, *fmts
+                        )
+                    ),
+                )
+            )
+    return branch_on_m(leaves, tuple(t for t in (a, a_scale, w, w_scale, bias) if t is not None))
 
 
 def _decode_or_current(
