@@ -20,6 +20,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from qlower.lowerings import KernelPreference, choose, fingerprint
 from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings.emit import inductor_fixes
+from qlower.lowerings.emit.common import EMITTED_BRANCH
 from qlower.lowerings.emit.mx import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
 from qlower.lowerings.registry import decision_env, emit_chosen
@@ -74,6 +75,8 @@ class QLowerPass(CustomGraphPass):
         return (self.families, self.preference.value)
 
     def __call__(self, graph: fx.Graph) -> None:
+        if _is_emitted_branch(graph):
+            return
         report = reporting.start_graph()
         reporting.dump_graph(graph)
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
@@ -170,6 +173,13 @@ def _record_nodes(cand: QuantLinear | Rejection) -> list[fx.Node]:
 
 def _is_stale(cand: QuantLinear | Rejection) -> bool:
     return any(getattr(n, "_erased", False) for n in _record_nodes(cand))
+
+
+def _is_emitted_branch(graph: fx.Graph) -> bool:
+    """A branch graph of a `torch.cond` qlower emitted: Inductor runs the joint passes on subgraphs a pass
+    created (lowerings/kernels/triton/inline.py marks them)."""
+    module = graph.owning_module
+    return module is not None and bool(module.meta.get(EMITTED_BRANCH))
 
 
 def _emitted_by_qlower(cand: QuantLinear | Rejection) -> bool:

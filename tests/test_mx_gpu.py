@@ -187,7 +187,8 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
 
 
 def test_dynamic_m_decode_buckets():
-    """A symbolic M launches one gated kernel per M bucket (decode kernels at M <= 16, tiles above)."""
+    """A symbolic M takes per M bucket its kernel (decode kernels at M <= 16, tiles above): all are in the code
+    (default mode: the branches of a host `if` on M)."""
     from torch._inductor.utils import run_and_get_code
 
     f, _ = _model(None, "e2m1", 1056, 4256)  # N <= K: M 1-4 -> hfma, M 5-16 -> mm m16 (pick_decode)

@@ -731,7 +731,7 @@ def test_compile_large_m_woq_on_the_tma_kernel(m, k, n, kernel):
 
 
 @pytest.mark.gpu
-def test_compile_dynamic_m_one_graph_gated_launches():
+def test_compile_dynamic_m_one_graph_every_bucket():
     model = WoqLinear(1000, 520, torch.bfloat16, bias=True).cuda()
     xs = [torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16) for m in (3, 17, 1000, 5)]
     torch._dynamo.mark_dynamic(xs[0], 0)

@@ -85,9 +85,9 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # micro-kernel, each int8 block converted once and reused by every M row) and chunked (chunks of N columns
 # converted into an L2-sized buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16
 # kernels where the CPU has them). `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked` forces one; auto takes chunked
-# for bf16 x at the avx512_bf16 level from M = 16 on (`kChunkedMinM` in the kernel, provisional: to be
-# measured), direct otherwise, and at that level runs the direct path on the avx512 fp32-FMA kernels unless
-# `QLOWER_CPU_WOQ_ISA=avx512_bf16` forces vdpbf16ps.
+# for bf16 x at the avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`,
+# `amx_bf16_gemm` in the kernel), direct otherwise, and at that level runs the direct path on the avx512
+# fp32-FMA kernels unless `QLOWER_CPU_WOQ_ISA=avx512_bf16` forces vdpbf16ps.
 # AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa) and
 # activation dtype, with the kernel's auto path: WOQ_GEMM_MAX_M holds the static M range (min_m, max_m) it is
 # preferred in (max_m None: no upper bound; (0, None): every M, a dynamic M included; absent: not preferred).
@@ -109,9 +109,16 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # bf16, the direct path before the chunked one existed): the avx512 (fp32 FMA) kernels beat
 # `_weight_int8pack_mm` at M = 1 (1.89x / 0.99x at 4096^2 / 4096->14336) and M = 4 (1.15x / 1.16x), lost at
 # M = 16 (0.78x / 0.81x): up to M = 4 with QLOWER_CPU_WOQ_ISA=avx512. The vdpbf16ps kernels lost to them at
-# M = 1..16 (0.68-1.01x of int8pack), and both were 0.16-0.43x of bf16 F.linear (AMX) at M >= 16, which the
-# chunked path addresses. ("avx512_bf16", bf16) is provisional: to be measured (scripts/bench_cpu_woq_gemm.py
-# shows both paths against `_weight_int8pack_mm` and bf16 F.linear).
+# M = 1..16 (0.68-1.01x of int8pack), and both were 0.16-0.43x of bf16 F.linear (AMX) at M >= 16.
+# avx512_bf16 level, the kernel's auto path (the same Xeon, 2 threads, `scripts/bench_cpu_woq_gemm.py --paths
+# auto,direct,chunked`, ms at 4096^2 | 4096->14336; BENCHMARKS.md has the table):
+#   oneDNN capped at AVX512_CORE_BF16 (no AMX, as on an AVX512-BF16 EPYC; auto = direct): M=1 0.62 | 3.21 vs
+#     `_weight_int8pack_mm` 0.66 | 3.37; M=4 0.79 | 3.96 vs 1.05 | 4.39; M=16 4.65 | 22.1 vs 3.97 | 19.8
+#     (int8pack is AUTO's choice only up to PACKED_MAX_M = 8; dequant + GEMM 14.8 | 62.3); M=128 29.1 | 114 vs
+#     dequant + GEMM 42.9 | 149; M=1024 219 | 771 vs 221 | 859;
+#   AMX (auto = chunked from M = 16): M=128 11.6 | 24.7 vs dequant + GEMM 23.0 | 48.6; M=1024 58.6 | 105 vs
+#     79.7 | 268.
+#   So every M; the one loss measured, M = 16 against int8pack, is to a lowering AUTO does not rank there.
 WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
 WOQ_GEMM_PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # forces the kernel's path (auto, direct, chunked)
 WOQ_GEMM_EVERY_M: tuple[int, int | None] = (0, None)
@@ -120,7 +127,7 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx2", torch.float16): WOQ_GEMM_EVERY_M,
     ("avx2", torch.float32): (0, 128),
     ("avx512", torch.bfloat16): (0, 4),
-    ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,  # provisional: to be measured
+    ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,
 }
 # K * N below this: not preferred (at 1024^2, M = 1, 1 thread, it tied with `_weight_int8pack_mm`: 0.16 vs
 # 0.15 ms; at 2048^2 it was 1.1-1.5x faster at M = 1..16)

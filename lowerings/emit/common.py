@@ -205,6 +205,10 @@ def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
     return out
 
 
+# GraphModule.meta key marking the `torch.cond` branch graphs qlower emitted (QLowerPass leaves them alone)
+EMITTED_BRANCH = "qlower_emitted"
+
+
 def host_branches(rec: QuantLinear) -> bool:
     """Whether a symbolic M picks its kernel with a host `if` (`torch.cond`: one launch per call) rather than
     gated grids (one launch per M range, all but one empty). Inductor refuses CUDA graphs for a graph holding

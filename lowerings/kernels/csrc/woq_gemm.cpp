@@ -31,10 +31,9 @@
 //   (the matmul's rounding), and finishes it with the same epilogue. Correct on every CPU; fast where ATen's
 //   GEMM is (the direct micro-kernel was 0.16-0.43x of bf16 F.linear at M >= 16 on a Xeon with AMX:
 //   BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm").
-// auto: chunked for bf16 x at the avx512_bf16 level (a native bf16 GEMM) from M = kChunkedMinM on
-// (provisional: to be measured), else direct; at that level the direct path of bf16 x runs the avx512
-// fp32-FMA kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16
-// forces them.
+// auto: chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16 GEMM runs
+// on AMX (amx_bf16_gemm), else direct; at that level the direct path of bf16 x runs the avx512 fp32-FMA
+// kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16 forces them.
 // Timings against the other CPU lowerings: lowerings/devices/cpu.py (WOQ_GEMM_MAX_M).
 // ISA: AVX512-BF16 vdpbf16ps for bf16 x, else AVX512 or AVX2 fp32 FMA, else a scalar loop; chosen at run time
 // (`__builtin_cpu_supports`), each compiled under `#pragma GCC target` so one library serves every x86-64 CPU.
@@ -69,6 +68,7 @@
 #if defined(__GNUC__) && defined(__x86_64__)
 #define QLOWER_WOQ_X86 1
 #include <immintrin.h>
+#include <cpuid.h>
 #endif
 
 namespace qlower::woq {
@@ -751,9 +751,30 @@ void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& o
 enum class Path : int { Auto = 0, Direct = 1, Chunked = 2 };
 constexpr const char* kPathNames[] = {"auto", "direct", "chunked"};
 
-// auto takes the chunked path from this M on, for bf16 x at the avx512_bf16 level (provisional: to be
-// measured on a CPU with AMX and one with AVX512-BF16 only, scripts/bench_cpu_woq_gemm.py).
+// auto takes the chunked path from this M on, for bf16 x where oneDNN's bf16 GEMM runs on AMX. Measured on the
+// H200 host's Xeon (AMX, 2 threads; BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"): at M = 128 / 1024
+// the chunked path was 0.63x / 0.94x of bf16 F.linear against the direct path's 0.20x / 0.17x (4096^2), at
+// M = 16 the two tied (0.42-0.53x). With oneDNN capped at AVX512_CORE_BF16 (no AMX, as on an AVX512-BF16 EPYC)
+// the chunked path lost to the direct one at M = 16 and 128 (0.76x vs 1.06x, 0.83x vs 0.92x of bf16 F.linear)
+// and tied at 1024: there auto stays direct.
 constexpr int64_t kChunkedMinM = 16;
+
+// Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
+// oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
+bool amx_bf16_gemm() {
+#ifdef QLOWER_WOQ_X86
+  static const bool cpu = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && ((d >> 22) & 1u) != 0;
+  }();
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const bool capped = cap != nullptr && cap[0] != '\0' && std::strstr(cap, "AMX") == nullptr &&
+                      std::strcmp(cap, "ALL") != 0 && std::strcmp(cap, "DEFAULT") != 0;
+  return cpu && !capped;
+#else
+  return false;
+#endif
+}
 
 // QLOWER_CPU_WOQ_GEMM_PATH, read at each call like QLOWER_CPU_WOQ_ISA.
 Path chosen_path() {
@@ -843,7 +864,8 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   const Level level = chosen_level();
   const Path path = chosen_path();
   const bool native_bf16_gemm = level == Level::Avx512Bf16 && p.act == DType::BF16;
-  if (path == Path::Chunked || (path == Path::Auto && native_bf16_gemm && M >= kChunkedMinM)) {
+  const bool chunked_auto = native_bf16_gemm && M >= kChunkedMinM && amx_bf16_gemm();
+  if (path == Path::Chunked || (path == Path::Auto && chunked_auto)) {
     run_chunked(p, kernels_for(level, p.act), xc.options());
     return out;
   }

@@ -18,7 +18,7 @@ from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from qlower.lowerings.emit.common import Emitter
+from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
 
 
 def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[fx.Node]) -> fx.Node:
@@ -50,7 +50,9 @@ def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[
 
 def _adopt_submodules(graph: fx.Graph, sub: fx.GraphModule) -> None:
     """Move the branch graphs of `sub`'s `torch.cond` nodes (its get_attr targets) onto `graph`'s module under
-    names free there, and point the get_attr nodes at them, so the copied nodes find their branches."""
+    names free there, and point the get_attr nodes at them, so the copied nodes find their branches. Each is
+    marked as qlower's (nested ones too): Inductor runs the joint passes, qlower's among them, on subgraphs a
+    pass created, and qlower's own output is no candidate."""
     gm = graph.owning_module
     for node in sub.graph.nodes:
         if node.op != "get_attr":
@@ -61,5 +63,9 @@ def _adopt_submodules(graph: fx.Graph, sub: fx.GraphModule) -> None:
         while hasattr(gm, name):
             i += 1
             name = f"{node.target}_{i}"
-        gm.add_submodule(name, getattr(sub, node.target))
+        branch = getattr(sub, node.target)
+        for module in branch.modules():
+            if isinstance(module, fx.GraphModule):
+                module.meta[EMITTED_BRANCH] = True
+        gm.add_submodule(name, branch)
         node.target = name

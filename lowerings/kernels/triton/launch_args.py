@@ -65,12 +65,15 @@ def branch_on_m(leaves: Sequence[Leaf], operands: tuple[torch.Tensor, ...]) -> t
         return branch_on_m(leaves[:mid], operands)
     if split >= 2 and statically_known_true(m > split):
         return branch_on_m(leaves[mid:], operands)
-    return cond_op(
+    # branches return 1-tuples, as `torch.cond` hands them to the HOP: Inductor zips a cond node's outputs
+    # with its value (a bare tensor there was zipped row by row: an assertion in Conditional.create)
+    (out,) = cond_op(
         pred,
-        lambda *o: branch_on_m(leaves[:mid], o),
-        lambda *o: branch_on_m(leaves[mid:], o),
+        lambda *o: (branch_on_m(leaves[:mid], o),),
+        lambda *o: (branch_on_m(leaves[mid:], o),),
         operands,
     )
+    return out
 
 
 def flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
