@@ -168,14 +168,17 @@ def _branch_leaves(gm) -> list[list[str]]:
 
 
 @needs_triton
-@pytest.mark.parametrize("mode", ["static", "dynamic", "dynamic_cudagraphs"])
+@pytest.mark.parametrize("mode", ["static", "dynamic", "dynamic_cudagraphs", "dynamic_flattened"])
 def test_emits_kernel_launches_not_an_opaque_op(mode):
     """Static M=10: one launch from the table. Symbolic M: per range of the plan up to AUTO's crossover
     (M = 256) the static kernel, then the dequantization + cuBLAS range above it; without CUDA graphs as a tree
     of `torch.cond` on M (one launch per call), under CUDA graphs as gated launches (Inductor refuses to
-    capture a cond)."""
+    capture a cond), and gated too where M is a product of sizes ([B, T, K] flattened: a branch graph could not
+    define B and T from its operands)."""
+    # [1, 7, K]: M is one size symbol (the leading 1 specializes); [2, 5, K]: M = B * T
+    m = 10 if mode in ("static", "dynamic_flattened") else 7
     with torch._inductor.config.patch({"triton.cudagraphs": mode == "dynamic_cudagraphs"}):
-        gm = _lowered_cpu_graph(mode != "static", form="kn_weight")
+        gm = _lowered_cpu_graph(mode != "static", form="kn_weight", m=m)
     summary = testing.graph_summary(gm)
     assert "qlower.woq_int8_linear" not in summary and "_weight_int8pack_mm" not in summary
     if mode == "static":
@@ -190,6 +193,7 @@ def test_emits_kernel_launches_not_an_opaque_op(mode):
         assert _branch_leaves(gm) == want, gm.graph
         assert "sym_min" not in summary, summary
         return
+    assert not any(n.target is torch.ops.higher_order.cond for n in gm.graph.nodes), gm.graph
     launches = _launches(gm)
     assert len(launches) == len(plan) + 1, (plan, launches)
     assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel", "woq_dequant_kernel"}, launches
