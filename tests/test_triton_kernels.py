@@ -417,6 +417,28 @@ def test_host_branched_dynamic_m_takes_the_static_kernel_at_every_m(family):
 
 
 @needs_triton
+@pytest.mark.parametrize("host_branch", [False, True])
+def test_a_batch_bounded_below_the_crossover_builds_no_cublas_range(host_branch):
+    """An M known to stay <= 256 (an export `Dim(max=200)`; here `torch._check`) gets no dequantization +
+    cuBLAS range: no dequant kernel, no GEMM, in either form (gated launches or the host `if`)."""
+    from qlower.lowerings.kernels.triton import int8_ops  # noqa: F401  (registers the triton_ops)
+
+    k, n = 64, 48
+    w, ws = torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5
+
+    def bounded(x, w, s):
+        torch._check(x.shape[0] <= 200)
+        return torch.ops.qlower.woq_int8_linear(x, w, s, None, 256, host_branch)
+
+    gm = _traced_dynamic_m(bounded, torch.randn(8, k, dtype=torch.bfloat16), w, ws)
+    graphs = [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]
+    launched = [name for g in graphs for name in _launches(g)]
+    assert launched and "woq_dequant_kernel" not in launched, launched
+    assert not any(nd.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                   for g in graphs for nd in g.graph.nodes), gm.graph  # fmt: skip
+
+
+@needs_triton
 def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
     """The same for `qlower::mx_linear` (MXFP4 weight-only): each M's leaf is its bucket's decode config, the
     M = 1 leaf also serves M = 0 with an empty grid, and M > 16 takes the MX tensor-core tile."""
