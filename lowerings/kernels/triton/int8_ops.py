@@ -256,13 +256,9 @@ def _branch_on_m(
     """Per range of the plan M can reach (`m_range_gate`: never pruning M = 1) one ungated launch of its
     kernel, then dequant + cuBLAS above `dense_above`, chosen by `branch_on_m`'s host `if`s."""
     m = a.shape[0]
-    has_xs, has_bias = xs is not None, bias is not None
 
     def leaf(cfg: KernelConfig | None) -> Any:
-        def run(*ops: torch.Tensor) -> torch.Tensor:
-            a_, w_, ws_, *rest = ops
-            xs_ = rest.pop(0) if has_xs else None
-            b_ = rest[0] if has_bias else None
+        def run(a_: Any, w_: Any, ws_: Any, xs_: Any, b_: Any) -> torch.Tensor:
             if cfg is None:
                 return _dense(a_, w_, ws_, b_, out_dtype)
             return _launch_all([(cfg, 1)], a_, w_, ws_, xs_, b_, out_dtype, None)
@@ -272,7 +268,7 @@ def _branch_on_m(
     leaves: list[Leaf] = [(hi, leaf(cfg)) for lo, hi, cfg in plan if m_range_gate(m, lo, hi) is not None]
     if dense_above and m_range_gate(m, dense_above + 1, None) is not None:
         leaves.append((None, leaf(None)))
-    return branch_on_m(leaves, tuple(t for t in (a, w, ws, xs, bias) if t is not None))
+    return branch_on_m(leaves, (a, w, ws, xs, bias))
 
 
 def _dense_above(

@@ -40,38 +40,51 @@ def m_range_gate(m: Any, lo: int, hi: int | None) -> Any:
 
 
 # One M range of a host-branched launch: its largest M (None: no upper end) and what runs there, called with the
-# operands (tensors only: `torch.cond` passes nothing else to a branch)
+# operands as `branch_on_m` got them (None where an optional operand is absent)
 Leaf = tuple[int | None, Callable[..., torch.Tensor]]
 
 
-def branch_on_m(leaves: Sequence[Leaf], operands: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def branch_on_m(leaves: Sequence[Leaf], operands: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
     """Run the leaf whose M range holds M = operands[0].shape[0], chosen on the host: a balanced tree of
     `torch.cond(M <= split, ...)`, which Inductor generates as an `if` in the wrapper (Python or AOTInductor's
     C++), so a call launches only its leaf's kernels. Leaves are in increasing M order. A split the size
     assumptions decide is taken at trace time; every leaf must compute the right result at any M, so such a
     decision could only cost speed, never a wrong number. "M > 1" is not taken as proof (see `m_range_gate`):
-    the M = 1 leaf stays for AOTInductor packages run at M = 1.
+    the M = 1 leaf stays for AOTInductor packages run at M = 1. `torch.cond` passes only tensors to a branch:
+    the absent (None) operands are dropped for it and put back for the leaves.
 
     The HOP itself, not `torch.cond`: outside torch.compile, `torch.cond` traces its branches with Dynamo, which
     cannot trace Triton's launcher; under make_fx (qlower's emit) the HOP traces them with make_fx."""
+    present = [i for i, t in enumerate(operands) if t is not None]
+
+    def with_absent(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, ...]:
+        full: list[torch.Tensor | None] = [None] * len(operands)
+        for i, t in zip(present, tensors, strict=True):
+            full[i] = t
+        return tuple(full)
+
+    return _tree(leaves, tuple(operands[i] for i in present), with_absent)
+
+
+def _tree(leaves: Sequence[Leaf], tensors: tuple[torch.Tensor, ...], with_absent: Callable) -> torch.Tensor:
     if len(leaves) == 1:
-        return leaves[0][1](*operands)
+        return leaves[0][1](*with_absent(tensors))
     mid = len(leaves) // 2
     split = leaves[mid - 1][0]
     assert split is not None, "only the last leaf may have no upper end"
-    m = operands[0].shape[0]
+    m = tensors[0].shape[0]
     pred = m <= split
     if statically_known_true(pred):
-        return branch_on_m(leaves[:mid], operands)
+        return _tree(leaves[:mid], tensors, with_absent)
     if split >= 2 and statically_known_true(m > split):
-        return branch_on_m(leaves[mid:], operands)
+        return _tree(leaves[mid:], tensors, with_absent)
     # branches return 1-tuples, as `torch.cond` hands them to the HOP: Inductor zips a cond node's outputs
     # with its value (a bare tensor there was zipped row by row: an assertion in Conditional.create)
     (out,) = cond_op(
         pred,
-        lambda *o: (branch_on_m(leaves[:mid], o),),
-        lambda *o: (branch_on_m(leaves[mid:], o),),
-        operands,
+        lambda *o: (_tree(leaves[:mid], o, with_absent),),
+        lambda *o: (_tree(leaves[mid:], o, with_absent),),
+        tensors,
     )
     return out
 

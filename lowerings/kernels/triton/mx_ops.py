@@ -301,16 +301,10 @@ def _branch_on_m(
     """The gated paths' buckets as leaves of `branch_on_m` (host `if`s on M), each one ungated launch."""
     a_fmt, w_fmt, _, w_swz = fmts
     m = a.shape[0]
-    has_as, has_bias = a_scale is not None, bias is not None
     Body = Callable[..., None]  # (a, a_scale, w, w_scale, bias, out) -> None, one bucket's launch
 
     def leaf(body: Body) -> Callable[..., torch.Tensor]:
-        def run(*ops: torch.Tensor) -> torch.Tensor:
-            it = iter(ops)
-            a_ = next(it)
-            as_ = next(it) if has_as else None
-            w_, ws_ = next(it), next(it)
-            b_ = next(it) if has_bias else None
+        def run(a_: Any, as_: Any, w_: Any, ws_: Any, b_: Any) -> torch.Tensor:
             out = torch.empty((a_.shape[0], w_.shape[0]), dtype=out_dtype, device=w_.device)
             body(a_, as_, w_, ws_, b_, out)
             return out
@@ -343,17 +337,12 @@ def _branch_on_m(
             (GEMV_MAX_M, pick_config(1, a_fmt, w_fmt)),
             (None, pick_config(1 << 20, a_fmt, w_fmt)),
         ):
-            leaves.append(
-                (
-                    hi,
-                    leaf(
-                        lambda a_, as_, w_, ws_, b_, out, cfg=cfg: launch(
-                            cfg, a_, as_, w_, ws_, b_, out, *fmts
-                        )
-                    ),
-                )
-            )
-    return branch_on_m(leaves, tuple(t for t in (a, a_scale, w, w_scale, bias) if t is not None))
+
+            def body(a_, as_, w_, ws_, b_, out, cfg=cfg) -> None:
+                launch(cfg, a_, as_, w_, ws_, b_, out, *fmts)
+
+            leaves.append((hi, leaf(body)))
+    return branch_on_m(leaves, (a, a_scale, w, w_scale, bias))
 
 
 def _decode_or_current(
