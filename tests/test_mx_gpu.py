@@ -77,6 +77,14 @@ def test_kernel_matches_float64_reference(a_elem, w_elem, kernel, swizzled):
     assert _rel(y, ref) <= 1e-2
 
 
+KERNEL_NAMES = {
+    "hfma": "mx_hfma_gemv_kernel",
+    "mm": "mx_decode_mm_kernel",
+    "bf16mm": "mx_bf16_mm_kernel",
+    "bf16dq": "mx_bf16_dequant_kernel",
+}
+
+
 def _model(a_elem: str | None, w_elem: str, n: int, k: int, e8m0: bool = False):
     m = MXLinear(a_elem, w_elem, n, k, e8m0, device=DEV)
     return m, (m.q, m.e)
@@ -167,8 +175,8 @@ def test_aten_preference_is_refused_at_compile_time_on_this_gpu():
 @pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("k,n", [(4096, 14336), (4096, 4256)])  # 4256: N off the decode tiles
 def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
-    """Weight-only MX at decode sizes: the kernel mx_ops.pick_decode names (the f16x2 GEMV or the mx_decode dot
-    kernel), against float64."""
+    """Weight-only MX at decode sizes: the kernel mx_ops.pick_weight_only names (the f16x2 GEMV, the mx_decode
+    dot kernel, or MXFP4's `mx_bf16` tiles), against float64."""
     from torch._inductor.utils import run_and_get_code
 
     f, _ = _model(None, w_elem, n, k)
@@ -178,8 +186,8 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
     code = "\n".join(codes)
     from qlower.lowerings.kernels.triton import mx_ops
 
-    cfg = mx_ops.pick_decode(m, mx_ops.ELEM_CODE[w_elem], k, n)
-    assert {"hfma": "mx_hfma_gemv_kernel", "mm": "mx_decode_mm_kernel"}[cfg.kernel] in code
+    cfg = mx_ops.pick_weight_only(m, mx_ops.ELEM_CODE[w_elem], k, n, x.dtype)
+    assert KERNEL_NAMES[cfg.kernel] in code
     w_ref = fmt.dequantize_f64(f.q, f.e, w_elem)
     ref = x.double() @ w_ref.t()
     assert not y.isnan().any()
@@ -187,17 +195,18 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
 
 
 def test_dynamic_m_decode_buckets():
-    """A symbolic M takes per M bucket its kernel (decode kernels at M <= 16, tiles above): all are in the code
-    (default mode: the branches of a host `if` on M)."""
+    """A symbolic M takes per M bucket its kernel (`mx_ops.buckets`): all are in the code (default mode: the
+    branches of a host `if` on M), and every M computes the float64 result."""
     from torch._inductor.utils import run_and_get_code
 
-    f, _ = _model(None, "e2m1", 1056, 4256)  # N <= K: M 1-4 -> hfma, M 5-16 -> mm m16 (pick_decode)
+    f, _ = _model(None, "e2m1", 1056, 4256)  # M 1-4 -> hfma, 5-64 -> mx_bf16 tiles, above: its dequantize (N < K)
     cf = _compiled(f, dynamic=True)
-    for m in (2, 3, 9, 16, 40):
+    for m in (2, 3, 9, 16, 17, 40, 64, 65, 130, 300):
         x = torch.randn(m, 4256, device=DEV, dtype=torch.bfloat16)
         y, codes = run_and_get_code(cf, x) if m == 2 else (cf(x), None)
         if codes is not None:
-            assert "mx_hfma_gemv_kernel" in "\n".join(codes) and "mx_decode_mm_kernel" in "\n".join(codes)
+            code = "\n".join(codes)
+            assert all(KERNEL_NAMES[c] in code for c in ("hfma", "bf16mm", "bf16dq")), code
         ref = x.double() @ fmt.dequantize_f64(f.q, f.e, "e2m1").t()
         assert _rel(y, ref) <= 1e-2
 
@@ -221,3 +230,24 @@ def test_every_fp8_code_decodes_as_torch(elem, m):
     )
     assert torch.equal(out.isnan(), want.isnan())
     assert torch.equal(out.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("m", [1, 9, 40, 300])
+def test_mx_bf16_decodes_every_code_pair_exactly(m):
+    """`mx_bf16`'s PTX decode, for every (e8m0 code, e2m1 code) pair: row r of the weight has scale code r,
+    its bytes run through all 256 (every element code at every nibble). x = a one-hot row per K position
+    reads weights back exactly (bf16 products with one 1.0, fp32 sums of zeros), so each M's kernel (tiles,
+    split-K, dequantize + cuBLAS) must return the float64 dequantization rounded to bf16, subnormals included. Code
+    255 is NaN (OCP MX spec) and codes 253-254 overflow some elements to inf, which a one-hot dot turns into
+    NaN for the whole output row (0 * inf), so rows 0-252 are compared."""
+    n, k = 253, 512
+    q = torch.arange(256, dtype=torch.uint8, device=DEV).repeat(n, 1)
+    e = torch.arange(n, dtype=torch.uint8, device=DEV)[:, None].repeat(1, k // 32).contiguous()
+    want = fmt.dequantize_f64(q, e, "e2m1").to(torch.bfloat16)
+    x = torch.eye(k, device=DEV, dtype=torch.bfloat16).repeat(cdiv_rows(m, k), 1)[:m]
+    y = torch.ops.qlower.mx_linear(x, None, q, e, None, 0, 3, False, False, torch.bfloat16)
+    assert torch.equal(y.float(), want.t()[torch.arange(m, device=DEV) % k].float())  # -0.0 sums to +0.0
+
+
+def cdiv_rows(m: int, k: int) -> int:
+    return (m + k - 1) // k

@@ -440,8 +440,9 @@ def test_a_batch_bounded_below_the_crossover_builds_no_cublas_range(host_branch)
 
 @needs_triton
 def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
-    """The same for `qlower::mx_linear` (MXFP4 weight-only): each M's leaf is its bucket's decode config, the
-    M = 1 leaf also serves M = 0 with an empty grid, and M > 16 takes the MX tensor-core tile."""
+    """The same for `qlower::mx_linear` (MXFP4 weight-only, bf16 x): each M's leaf is its bucket's config
+    (`mx_ops.pick_weight_only`: the f16x2 GEMV to M = 4, `mx_bf16`'s tiles above, split-K with its reduce,
+    then its dequantize kernel before cuBLAS), and the M = 1 leaf also serves M = 0 with an empty grid."""
     from qlower.lowerings.kernels.triton import mx_ops
 
     k, n, e2m1 = 4096, 4096, mx_ops.ELEM_CODE["e2m1"]
@@ -455,18 +456,21 @@ def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
         x, w, codes,
     )  # fmt: skip
     sym = next(nd for nd in gm.graph.nodes if nd.op == "placeholder").meta["val"].shape[0].node.expr
-    for m in (0, 1, 2, 3, 4, 5, 16, 17, 300):
-        ((name, args),) = _leaf_at(gm, sym, m)
-        assert (args["grid"][0] * args["grid"][1] * args["grid"][2] == 0) == (m == 0), (m, args["grid"])
-        cfg = mx_ops.pick_decode(max(m, 1), e2m1, k, n)
-        if cfg is None:
-            big = mx_ops.pick_config(1 << 20, 0, e2m1)
-            assert name == "mx_mm_kernel" and (args["BLOCK_M"], args["BLOCK_N"]) == (big.block_m, big.block_n)
-            continue
-        assert cfg.kernel in name and (args["BLOCK_M"], args["BLOCK_N"]) == (cfg.block_m, cfg.block_n), (
-            m,
-            name,
-        )
+    assert mx_ops.bf16_decodes(torch.bfloat16, e2m1)  # compiled Triton: not the interpreter
+    seen = set()
+    for m in (0, 1, 2, 3, 4, 5, 16, 17, 32, 33, 64, 65, 128, 129, 300):
+        launches = _leaf_at(gm, sym, m)
+        cfg = mx_ops.pick_weight_only(max(m, 1), e2m1, k, n, torch.bfloat16)
+        seen.add(cfg.kernel)
+        kernel = {"hfma": "mx_hfma", "bf16mm": "mx_bf16_mm_kernel", "bf16dq": "mx_bf16_dequant_kernel"}
+        name, args = launches[0]
+        assert kernel[cfg.kernel] in name, (m, name)
+        if cfg.kernel != "bf16dq":
+            assert (args["BLOCK_M"], args["BLOCK_N"]) == (cfg.block_m, cfg.block_n), (m, name)
+            assert (args["grid"][0] * args["grid"][1] * args["grid"][2] == 0) == (m == 0), (m, args["grid"])
+        reduce = [nm for nm, _ in launches[1:]]
+        assert reduce == (["mx_splitk_reduce_kernel"] if cfg.split_k > 1 else []), (m, reduce)
+    assert seen == {"hfma", "bf16mm", "bf16dq"}
 
 
 @needs_triton

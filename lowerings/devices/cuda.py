@@ -257,13 +257,18 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     Weight-only MX at a static M above the decode kernels' range: the tile kernel ran 0.16-0.43x bf16 at
     M=128-4096 on the H200 (2026-11-30, BENCHMARKS.md), the emulation (dequantize once, bf16 matmul) 0.85-0.93x
     of bf16 at M=4096. A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
+    MXFP4 weights with bf16 x keep it at every M: its `mx_bf16` kernels (mx_ops.pick_weight_only's table).
     """
     from qlower.lowerings.kernels.triton.mx_ops import (  # no Triton import: mx_ops imports it, so read them lazily
         DECODE_MAX_M,
+        ELEM_CODE,
         GEMV_MAX_M,
+        bf16_decodes,
     )
 
     if rec.act_quant is None:
+        if bf16_decodes(rec.compute_dtype, ELEM_CODE[rec.details["w_elem"]]):
+            return None  # MXFP4 with bf16 x: `mx_bf16` at every M (its dequantize + cuBLAS above M = 64)
         if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
             return (
                 f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "

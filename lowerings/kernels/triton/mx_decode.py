@@ -295,12 +295,18 @@ class DecodeConfig:
     split_k: int = 1
     evict: bool = True
     prefetch: bool = False  # gemv: register double buffer of the weight words
+    swap_ab: bool = False  # bf16mm: out^T = W x^T
 
     def short(self) -> str:
         d = {BITS: "bits", CVT: "cvt", F16BITS: "f16"}[self.decode]
         s = f"{self.kernel}/{d} m{self.block_m} n{self.block_n} kw{self.block_kw} w{self.num_warps} s{self.num_stages}"
         s += f" sk{self.split_k}" if self.split_k > 1 else ""
-        return s + ("" if self.evict else " noevict") + (" pf" if self.prefetch else "")
+        return (
+            s
+            + ("" if self.evict else " noevict")
+            + (" pf" if self.prefetch else "")
+            + (" swap" if self.swap_ab else "")
+        )
 
 
 def effective_decode(w_fmt: int, decode: int) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import cdiv
+from qlower.lowerings.kernels.triton.mx_bf16 import mx_bf16_dequant_kernel, mx_bf16_mm_kernel
 from qlower.lowerings.kernels.triton.mx_decode import (
     DecodeConfig,
     effective_decode,
@@ -80,7 +81,15 @@ def launch_decode(
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=out.device)
     p_strides = (0, out.stride(0), out.stride(1)) if split == 1 else part.stride()
     common.update(EVEN_K=even, PREFETCH=cfg.prefetch, HAS_BIAS=bias is not None and split == 1)
-    if cfg.kernel == "hfma":
+    if cfg.kernel == "bf16mm":
+        for key in ("DECODE", "W_FMT", "EVICT", "PREFETCH"):
+            common.pop(key)
+        k(mx_bf16_mm_kernel)[(cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)](
+            x, w_words, s_t, b, part, m, n, kw, kw_split,
+            x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, p_strides[0], out.stride(0),
+            out.stride(1), PLANES=False, SPLIT=split > 1, SWAP_AB=cfg.swap_ab, **common,
+        )  # fmt: skip
+    elif cfg.kernel == "hfma":
         common.pop("DECODE")
         k(mx_hfma_gemv_kernel)[(cdiv(n, cfg.block_n), cdiv(m, cfg.block_m) * gate, split)](
             x, w_words, s_t, b, part, m, n, kw, kw_split,
@@ -88,7 +97,7 @@ def launch_decode(
             USE_ASM=not interpreted(), **common,
         )  # fmt: skip
     else:
-        raise ValueError(f"unknown MX decode kernel {cfg.kernel!r} (hfma, mm)")
+        raise ValueError(f"unknown MX decode kernel {cfg.kernel!r} (hfma, mm, bf16mm)")
     if split == 1:
         return
     rblock = 1024
@@ -96,3 +105,38 @@ def launch_decode(
         part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK=rblock, num_warps=4,
     )  # fmt: skip
+
+
+def dense_bf16(
+    cfg: DecodeConfig,
+    x: torch.Tensor,
+    w_words: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    w_swizzled: bool = False,
+    gate: Any = 1,
+    direct: bool = False,
+) -> torch.Tensor:
+    """x @ dequant(w).T [+ bias] for MXFP4 weights and bf16 x at large M: `mx_bf16_dequant_kernel` writes the
+    weight in bf16 (the user's dequantize-then-cast, once per element), cuBLAS multiplies (what F.linear on
+    that weight runs). `gate` (1, or a 0/1 SymInt) multiplies K and the dequantization grid: gated off, no
+    weight is built and cuBLAS only fills the output (bias or zeros), which gated launches then overwrite."""
+    from torch.library import wrap_triton
+
+    n, kw = w_words.shape
+    k_elems = kw * 8
+    ungated = isinstance(gate, int) and gate == 1
+    kg = k_elems if ungated else k_elems * gate
+    if w_swizzled:
+        s_t, s_sn, s_sk, s_pad = w_scale.reshape(-1), 0, 0, (k_elems // 32 + 3) // 4 * 4
+    else:
+        s_t, s_sn, s_sk, s_pad = w_scale, w_scale.stride(0), w_scale.stride(1), 0
+    wd = torch.empty((n, kg), dtype=torch.bfloat16, device=x.device)
+    kern = mx_bf16_dequant_kernel if direct else wrap_triton(mx_bf16_dequant_kernel)
+    kern[(cdiv(n, cfg.block_n) * gate, cdiv(kw, cfg.block_kw))](
+        w_words, s_t, wd, n, kw, w_words.stride(0), s_sn, s_sk, s_pad, kg,
+        SWIZZLED=w_swizzled, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+    x_k = x if ungated else x.narrow(1, 0, kg)
+    return torch.mm(x_k, wd.t()) if bias is None else torch.addmm(bias.to(x.dtype), x_k, wd.t())

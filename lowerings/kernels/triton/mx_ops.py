@@ -24,7 +24,7 @@ from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
-from qlower.lowerings.kernels.triton.mx_launch import launch_decode
+from qlower.lowerings.kernels.triton.mx_launch import dense_bf16, launch_decode
 from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -156,6 +156,63 @@ DECODE_TUNED = TunedTable("mx", "python scripts/bench_mx.py --sweep --out <scrat
 _BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
 
+# MXFP4 weights with bf16 x from M = 5 (`mx_bf16`: e2m1 straight to scaled bf16, no convert instructions).
+# Measured on the H200 (GPU time, 8 rotating weight sets, 2026-12-01, a sweep of tiles, split-K and swap-AB
+# per M; BENCHMARKS.md "MXFP4 weight-only"), us at 4096^2 | 4096->14336 | 14336->4096, bf16 F.linear in
+# brackets:
+#   M=16 (13.6 | 33.1 | 33.5): m16 tiles, split-K 4, n64 kw16 where N >= K, n32 kw32 below: 10.9 | 23.7 |
+#        25.1 (the CVT dot kernel before: 31.5 | 46.7 | 102).
+#   M=32 (13.9 | 31.9 | 33.6): swap-AB m32 n64 kw32, split-K 4: 13.3 | 31.5 | 31.6 (m64 tiles: 17.0 | 37.0 | 49.0).
+#   M=64 (11.7 | 33.6 | 36.2): N > K m64 n64 kw16: 37.5 (swap-AB 41.8); N <= K swap-AB m64 n128 kw8 w8 split-K
+#        4: 15.9 | 41.9 (m64 tiles 17.2 | 47.0).
+#   M=128 (13.4 | 33.2 | 37.7): N > K swap-AB m128 n64 kw16: 53.8 (dequantize + cuBLAS 79.6); N <= K the
+#        dequantize + cuBLAS: 24.7 | 83.6 (swap-AB 31.3 | 104).
+#   M=256 / 2048 (17.3 | 42.4 | 46.3 / 83.0 | 291 | 282): dequantize (`mx_bf16_dequant_kernel` n32 kw32: 11.3 |
+#        42.4 | 42.2 us for the weight alone) then cuBLAS: 27.0 | 86.1 | 91.0 / 94.2 | 332 | 320 (the MX tile
+#        kernel before: 109 | 383 | 354 / 244 | 857 | 902).
+BF16_MM_MAX_M = 128
+_MM = dict(num_warps=4, num_stages=3)
+BF16_M16_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=16, split_k=4, **_MM)
+BF16_M16_NARROW = replace(BF16_M16_WIDE, block_n=32, block_kw=32)
+BF16_M32 = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=32, block_m=32, split_k=4, swap_ab=True, **_MM)
+BF16_M64_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=64, **_MM)
+BF16_M64_NARROW = DecodeConfig(
+    "bf16mm", CVT, block_n=128, block_kw=8, block_m=64, split_k=4, swap_ab=True, num_warps=8, num_stages=3
+)
+BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=128, swap_ab=True, **_MM)
+BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=32, block_kw=32, num_warps=4, num_stages=1)
+_BF16_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 16), (17, 32), (33, 64), (65, 128), (129, None))
+
+
+def bf16_decodes(x_dtype: torch.dtype, w_fmt: int) -> bool:
+    """Whether `mx_bf16` serves this call from M = 5 on: e2m1 weights, bf16 x, compiled Triton (inline PTX)."""
+    return w_fmt == E2M1 and x_dtype == torch.bfloat16 and not interpreted()
+
+
+def pick_weight_only(
+    m: int, w_fmt: int, k: int, n: int, x_dtype: torch.dtype, device: Optional[str] = None
+) -> Optional[DecodeConfig]:
+    """The weight-only config at M = m: `mx_bf16`'s above M = 4 where it serves (`bf16_decodes`; "bf16dq":
+    dequantize, then cuBLAS, where that measured faster), else `pick_decode`'s (None: the MX tile kernel)."""
+    if bf16_decodes(x_dtype, w_fmt) and m > 4:
+        wide = n > k
+        if m <= 16:
+            return BF16_M16_WIDE if n >= k else BF16_M16_NARROW
+        if m <= 32:
+            return BF16_M32
+        if m <= 64:
+            return BF16_M64_WIDE if wide else BF16_M64_NARROW
+        if m <= BF16_MM_MAX_M and wide:
+            return BF16_M128_WIDE
+        return BF16_DENSE
+    return pick_decode(m, w_fmt, k, n, device)
+
+
+def buckets(x_dtype: torch.dtype, w_fmt: int) -> tuple[tuple[int, Optional[int]], ...]:
+    """The M ranges (lo, hi) a symbolic M is split into for weight-only MX."""
+    return _BF16_BUCKETS if bf16_decodes(x_dtype, w_fmt) else _BUCKETS
+
+
 def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
     """The decode config for weight-only w_fmt at M = m (static), or None for the current kernels."""
     if w_fmt not in (E2M1, E4M3) or m < 1 or m > DECODE_MAX_M:
@@ -273,11 +330,10 @@ def mx_linear(
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
     if host_branch and not is_static(m):
         return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     words = _decode_words(a, w, a_fmt, w_fmt)
     if words is not None:
-        _decode_or_current(m, a, words, w, w_scale, bias, out, fmts)
-        return out
+        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts)
+    out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     if is_static(m):
         launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts)
         return out
@@ -315,12 +371,20 @@ def _branch_on_m(
     if _decode_words(a, w, a_fmt, w_fmt) is not None:
         k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
         n = int(w.shape[0]) if is_static(w.shape[0]) else -1
-        for lo, hi in _BUCKETS:
+        for lo, hi in buckets(a.dtype, w_fmt):
             if _gate(m, lo, hi) is None:
                 continue
             rep = lo if hi is None else hi
             cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else pick_config(1 << 20, a_fmt, w_fmt)
-            cfg = pick_decode(rep, w_fmt, k, n)
+            cfg = pick_weight_only(rep, w_fmt, k, n, a.dtype)
+            if cfg is not None and cfg.kernel == "bf16dq":
+
+                def dense(a_, as_, w_, ws_, b_, cfg=cfg) -> torch.Tensor:
+                    out = dense_bf16(cfg, a_, _decode_words(a_, w_, a_fmt, w_fmt), ws_, b_, w_swz)
+                    return out if out.dtype == out_dtype else out.to(out_dtype)
+
+                leaves.append((hi, dense))
+                continue
 
             def body(a_, as_, w_, ws_, b_, out, cfg=cfg, cur=cur) -> None:
                 # rows: M itself (the gated path's M = 1 bucket passes rows=1 to keep its gated-off launch
@@ -352,38 +416,62 @@ def _decode_or_current(
     w: torch.Tensor,
     w_scale: torch.Tensor,
     bias: Optional[torch.Tensor],
-    out: torch.Tensor,
+    out_dtype: torch.dtype,
     fmts: tuple[int, int, bool, bool],
-) -> None:
-    """Weight-only MX: per M bucket the decode config (`pick_decode`) or the current kernel.
+) -> torch.Tensor:
+    """Weight-only MX: per M bucket the weight-only config (`pick_weight_only`) or the current kernel.
 
     Static M: one config. Symbolic M: one launch per bucket with a 0/1 gated grid (no guard, no
     recompile); a bucket provably empty is skipped. The M == 1 bucket launches with rows=1 (static grid
-    and split-K scratch); the others take the symbolic M (the kernels mask rows against it).
+    and split-K scratch); the others take the symbolic M (the kernels mask rows against it). A dequantize +
+    cuBLAS bucket ("bf16dq") runs with K gated to 0 below its range and gives the output the others overwrite.
     """
     a_fmt, w_fmt, _, w_swz = fmts
     k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if is_static(w.shape[0]) else -1
 
-    def run(cfg: Optional[DecodeConfig], cur: MXConfig, gate: Any, rows: Any) -> None:
+    def run(cfg: Optional[DecodeConfig], cur: MXConfig, out: torch.Tensor, gate: Any, rows: Any) -> None:
         if cfg is None:
             launch(cur, a, None, w, w_scale, bias, out, *fmts, gate=gate)
         else:
             launch_decode(cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows)
 
+    def dense(cfg: DecodeConfig, gate: Any) -> torch.Tensor:
+        out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate)
+        return out if out.dtype == out_dtype else out.to(out_dtype)
+
     if is_static(m):
         mi = int(m)
-        if mi == 0:
-            return
-        run(pick_decode(mi, w_fmt, k, n), pick_config(mi, a_fmt, w_fmt), 1, None)
-        return
+        cfg = pick_weight_only(max(mi, 1), w_fmt, k, n, a.dtype)
+        if mi > 0 and cfg is not None and cfg.kernel == "bf16dq":
+            return dense(cfg, 1)
+        out = torch.empty((mi, w.shape[0]), dtype=out_dtype, device=w.device)
+        if mi > 0:
+            run(cfg, pick_config(mi, a_fmt, w_fmt), out, 1, None)
+        return out
     large = pick_config(1 << 20, a_fmt, w_fmt)  # as the generic dynamic path: the large tile above
-    for lo, hi in _BUCKETS:
+    plan = []
+    for lo, hi in buckets(a.dtype, w_fmt):
         gate = _gate(m, lo, hi)
-        if gate is None:
-            continue
-        rep = lo if hi is None else hi  # the bucket's configs are the same at every M in it
-        cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else large
-        run(pick_decode(rep, w_fmt, k, n), cur, gate, 1 if hi == 1 else None)
+        if gate is not None:
+            rep = lo if hi is None else hi  # the bucket's configs are the same at every M in it
+            plan.append(
+                (
+                    pick_weight_only(rep, w_fmt, k, n, a.dtype),
+                    pick_config(rep, a_fmt, w_fmt) if hi is not None else large,
+                    gate,
+                    hi,
+                )
+            )
+    base = [p for p in plan if p[0] is not None and p[0].kernel == "bf16dq"]
+    out = (
+        dense(base[0][0], base[0][2])
+        if base
+        else torch.empty((m, w.shape[0]), dtype=out_dtype, device=w.device)
+    )
+    for cfg, cur, gate, hi in plan:
+        if cfg is None or cfg.kernel != "bf16dq":
+            run(cfg, cur, out, gate, 1 if hi == 1 else None)
+    return out
 
 
 def launch_config(
