@@ -6,6 +6,10 @@ the graph forms users write: gpt-fast (`F.linear(x, w.to(x.dtype)) * s`), scale 
 (`F.linear(x, w.to(x.dtype) * s[:, None])`), torchao `Int8WeightOnlyConfig` after flattening
 (`mm(x, w.t().to(dtype)) * s`), with or without bias, any input rank (views around the mm), scales 1-D or
 [N, 1] in any float dtype, weight [N, K] or stored [K, N].
+
+A scale that the graph rounds from fp32 to the matmul's dtype on every call (torchao stores it fp32 [N, 1]:
+`convert_element_type(s, bf16)` then a view) is recorded as a `ScaleCast` in `details["scale_cast"]`, the
+rounding's nodes among the record's, so a kernel that rounds the fp32 scale itself leaves that cast dead.
 """
 
 from __future__ import annotations
@@ -39,6 +43,30 @@ from qlower.patterns.record import Candidate, QuantLinear, Rejection
 
 FAMILY = "woq_int8"
 _MAX_WALK = 12
+# ops that change only a tensor's shape, never its values (the scale chain between a cast and its multiply)
+_SHAPE_OPS = (
+    torch.ops.aten.view.default,
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.reshape.default,
+    torch.ops.aten.unsqueeze.default,
+    torch.ops.aten.squeeze.default,
+    torch.ops.aten.squeeze.dim,
+    torch.ops.aten.squeeze.dims,
+    torch.ops.aten.expand.default,
+)
+_ROUNDED_DTYPES = (torch.bfloat16, torch.float16)  # what a kernel can round an fp32 scale to in registers
+
+
+@dataclass(frozen=True)
+class ScaleCast:
+    """The record's scale is `source` (an fp32 tensor) rounded once to `dtype` (the matmul's dtype) by the
+    graph, through shape-only ops, on this linear's behalf alone: each node from the cast to the scale
+    multiply has that single use. A kernel given `source` and told to round it to `dtype` (round to nearest
+    even, as the graph's convert does) computes with the graph's very scale, and the cast dies. Compared
+    by dtypes only: records of two traces of one form compare equal (tests/test_woq_patterns.py `_facts`)."""
+
+    source: fx.Node = field(compare=False)
+    dtype: torch.dtype
 
 
 @dataclass
@@ -46,6 +74,7 @@ class _WeightPath:
     source: fx.Node  # the int8 tensor
     flips: int  # transposes between the int8 source and the matmul operand
     scale: fx.Node | float | None = None
+    scale_operand: Any = None  # the multiply's scale operand as the graph has it (expands not stripped)
     scale_flips: int = 0  # transposes between the scale multiply and the matmul operand
     nodes: list[fx.Node] = field(default_factory=list)
 
@@ -98,7 +127,7 @@ def _trace_weight(operand: fx.Node) -> _WeightPath | str | None:
                 data, scale = b, a
             else:
                 return None
-            path.scale, path.scale_flips = strip_expand(scale), path.flips
+            path.scale, path.scale_operand, path.scale_flips = strip_expand(scale), scale, path.flips
             path.nodes.append(cur)
             cur = data
             continue
@@ -151,6 +180,45 @@ def _is_float_scalar_or_tensor(x: Any) -> bool:
     return v is not None and v.dtype.is_floating_point
 
 
+def _cast_target(node: Any) -> torch.dtype | None:
+    """The dtype a pure dtype conversion produces (`prims.convert_element_type`, a same-device `_to_copy`,
+    `aten.to.dtype`), or None."""
+    if is_call(node, (torch.ops.aten.to.dtype,)):
+        return node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
+    return convert_target_dtype(node)
+
+
+def _scale_cast(operand: Any, scale: Any, dtype: torch.dtype) -> tuple[ScaleCast, list[fx.Node]] | None:
+    """When the scale multiply's `operand` is, through shape-only ops that keep the scale's numel (expands
+    above the record's `scale` aside), an fp32 tensor cast to `dtype` (bf16/fp16), with no other use of any
+    node on the way: the fact and those nodes (the cast included). None otherwise: a cast another node also
+    reads stays in the graph anyway; an fp64 source rounded once to bf16 is not fp32 rounded to bf16."""
+    sv = tensor_val(scale)
+    if dtype not in _ROUNDED_DTYPES or not isinstance(operand, fx.Node) or sv is None:
+        return None
+    chain: list[fx.Node] = []
+    cur: Any = operand
+    reached = False  # past the record's scale: from here down every node keeps its numel
+    for _ in range(_MAX_WALK):
+        v = tensor_val(cur)
+        if not isinstance(cur, fx.Node) or v is None or v.dtype != dtype or len(cur.users) != 1:
+            return None
+        reached = reached or cur is scale
+        if reached and not known_eq(v.numel(), sv.numel()):
+            return None
+        chain.append(cur)
+        if _cast_target(cur) is not None:
+            src = cur.args[0]
+            srcv = tensor_val(src)
+            if not reached or _cast_target(cur) != dtype or srcv is None or srcv.dtype != torch.float32:
+                return None
+            return ScaleCast(source=src, dtype=dtype), chain
+        if not is_call(cur, _SHAPE_OPS):
+            return None
+        cur = cur.args[0]
+    return None
+
+
 def _match(site: MatmulSite) -> Candidate | None:
     mm, x, operand, bias = site.output, site.x, site.operand, site.bias
     path = _trace_weight(operand)
@@ -183,6 +251,7 @@ def _match(site: MatmulSite) -> Candidate | None:
     if isinstance(site_bias, str):
         return Rejection(reason=site_bias, **base)
     bias, scale, out_shape, cur, chain = site_bias, path.scale, None, mm, list(site.nodes)
+    scale_operand = path.scale_operand
     # Walk forward: views that keep N, one per-channel multiply (if the weight carried none), one bias add.
     while has_single_user(cur):
         user = next(iter(cur.users))
@@ -195,6 +264,7 @@ def _match(site: MatmulSite) -> Candidate | None:
             if not _is_float_scalar_or_tensor(factor.source):
                 break
             scale = factor.source
+            scale_operand = user.args[1] if user.args[0] is cur else user.args[0]
         elif is_call(user, ADD_OPS) and bias is None and isinstance(factor.source, fx.Node):
             bias = factor.source
         else:
@@ -207,6 +277,7 @@ def _match(site: MatmulSite) -> Candidate | None:
             reason=f"mixed devices {sorted(map(str, tensor_devices(x, path.source, scale, bias)))}", **base
         )
     outv = tensor_val(cur)
+    cast = _scale_cast(scale_operand, scale, mmv.dtype)
     form = "+".join(
         p
         for p in (
@@ -214,6 +285,7 @@ def _match(site: MatmulSite) -> Candidate | None:
             "weight_scale"
             if path.scale is not None
             else ("output_scale" if scale is not None else "no_scale"),
+            "scale_cast" if cast is not None else "",
             "bias" if bias is not None else "",
             "nd" if out_shape is not None else "",
             "kn_weight" if path.flips % 2 == 0 else "",
@@ -234,11 +306,12 @@ def _match(site: MatmulSite) -> Candidate | None:
         n=n,
         output=cur,
         out_shape=out_shape,
-        nodes=tuple(chain) + tuple(path.nodes),
+        nodes=tuple(chain) + tuple(path.nodes) + (tuple(cast[1]) if cast is not None else ()),
         form=form,
-        # where the user's formula multiplies the scale: into the weight, or into the matmul result
         details={
-            "scale_site": "weight" if path.scale is not None else "output" if scale is not None else None
+            # where the user's formula multiplies the scale: into the weight, or into the matmul result
+            "scale_site": "weight" if path.scale is not None else "output" if scale is not None else None,
+            "scale_cast": cast[0] if cast is not None else None,
         },
     )
 

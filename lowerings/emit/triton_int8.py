@@ -14,6 +14,7 @@ from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import emitting_under
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
+from qlower.patterns.woq_int8 import ScaleCast
 
 
 def _weight_nk_view(em: Emitter, rec: QuantLinear) -> fx.Node:
@@ -32,6 +33,17 @@ def _full(em: Emitter, rec: QuantLinear, value: float | None) -> fx.Node:
 def _scale_tensor(em: Emitter, rec: QuantLinear) -> fx.Node:
     s = rec.weight_scale
     return s if isinstance(s, fx.Node) else _full(em, rec, s)
+
+
+def _absorbed_scale(em: Emitter, rec: QuantLinear) -> fx.Node | None:
+    """The fp32 tensor the graph rounds to x's dtype as this linear's scale (`patterns.woq_int8.ScaleCast`),
+    flattened as a view, for a kernel that rounds it itself (`round_scale`): the graph's cast then has no
+    user left and is erased with the record's nodes. None where the record has no such cast."""
+    cast = rec.details.get("scale_cast")
+    if not isinstance(cast, ScaleCast) or cast.dtype != rec.compute_dtype:
+        return None
+    numel = tensor_val(rec.weight_scale).numel()
+    return em.reshape(cast.source, [int(numel)])
 
 
 def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
@@ -71,17 +83,22 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     em = Emitter(graph, rec.output)
     after = _scale_after_kernel(rec)
     bias = None if after else _fusable_bias(rec)
-    scale = _full(em, rec, 1.0) if after else _scale_tensor(em, rec)
+    absorbed = None if after else _absorbed_scale(em, rec)
+    if after:
+        scale = _full(em, rec, 1.0)
+    else:
+        scale = absorbed if absorbed is not None else _scale_tensor(em, rec)
     tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), scale]
     tensors += [bias] if bias is not None else []
 
     dense_above = _dense_above(rec)
     host_branch = host_branches(rec)
+    round_scale = absorbed is not None
 
     def call(
         x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above, host_branch)
+        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above, host_branch, round_scale)
 
     core = emit_traced(em, call, tensors)
     core = scale_epilogue(em, rec, core) if after else core

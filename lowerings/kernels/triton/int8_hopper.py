@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qlower.lowerings.kernels.triton.int8_kernels import _int8_to
+from qlower.lowerings.kernels.triton.int8_kernels import _int8_to, load_scale
 
 
 @triton.jit
@@ -62,13 +62,14 @@ def _rescale_store(
     EPI_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROUND_WS: tl.constexpr,
 ):
     """acc [BM, BN] int32 -> acc * ws[n] (* xs[m]) (+ b[n]) in o's dtype; `o` is a descriptor or a pointer."""
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0).to(tl.float32)
+    ws = load_scale(ws_ptr + offs_n * stride_ws, mask_n, ROUND_WS)
     val = acc.to(tl.float32) * ws[None, :]
     if HAS_XS:
         xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0).to(tl.float32)
@@ -117,6 +118,7 @@ def _mm_tiles(
     WARP_SPEC: tl.constexpr,
     INT8_A: tl.constexpr = True,
     FAST_CVT: tl.constexpr = 0,
+    ROUND_WS: tl.constexpr = 0,
 ):
     """Program p computes tiles p, p + P, p + 2P, ... (P = the grid): P = #SMs is persistent, P = #tiles is not.
 
@@ -152,7 +154,7 @@ def _mm_tiles(
         _rescale_store(
             acc, o, ws_ptr, xs_ptr, b_ptr, M, N, pid_mc * BLOCK_M, pid_nc * BLOCK_N,
             stride_om, stride_ws, stride_xs, stride_b,
-            HAS_XS, HAS_BIAS, EPI_TMA, EPI_SPLIT, BLOCK_M, BLOCK_N,
+            HAS_XS, HAS_BIAS, EPI_TMA, EPI_SPLIT, BLOCK_M, BLOCK_N, ROUND_WS,
         )  # fmt: skip
 
 
@@ -183,6 +185,7 @@ def int8_mm_tma_dev_kernel(
     GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
     WARP_SPEC: tl.constexpr,
+    ROUND_WS: tl.constexpr,
 ):
     """out[M, N] = (a[M, K] int8 @ w[N, K].T int8) rescaled; descriptors built on the device (needs an allocator).
 
@@ -197,6 +200,7 @@ def int8_mm_tma_dev_kernel(
     _mm_tiles(
         a_desc, w_desc, o, ws_ptr, xs_ptr, b_ptr, M, N, K, stride_om, stride_ws, stride_xs, stride_b,
         HAS_XS, HAS_BIAS, EPI_TMA, EPI_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, WARP_SPEC,
+        True, 0, ROUND_WS,
     )  # fmt: skip
 
 
@@ -222,6 +226,7 @@ def woq_mm_tma_dev_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr,
+    ROUND_WS: tl.constexpr,
 ):
     """out[M, N] = a[M, K] (bf16/fp16) @ (w[N, K] int8 * ws[N]).T (+ bias): woq-int8 with TMA-fed operands.
 
@@ -233,4 +238,5 @@ def woq_mm_tma_dev_kernel(
     _mm_tiles(
         a_desc, w_desc, out_ptr, ws_ptr, ws_ptr, b_ptr, M, N, K, stride_om, stride_ws, 0, stride_b,
         False, HAS_BIAS, False, 1, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, FLATTEN, False, False, FAST_CVT,
+        ROUND_WS,
     )  # fmt: skip

@@ -92,6 +92,20 @@ def _int8_to(w, dtype: tl.constexpr, FAST_CVT: tl.constexpr):
 
 
 @triton.jit
+def load_scale(ptrs, mask, ROUND_WS: tl.constexpr):
+    """The weight scale as fp32. ROUND_WS 1 / 2: the fp32 scale is first rounded to bf16 / fp16 (to nearest
+    even, as the graph's fp32 -> dtype convert rounds; Triton's default for a float downcast), so a kernel
+    given torchao's fp32 scale computes with the very bf16/fp16 scale the graph's cast would have made
+    (`int8_ops.round_code`; tests/test_scale_cast.py)."""
+    s = tl.load(ptrs, mask=mask, other=0.0)
+    if ROUND_WS == 1:
+        s = s.to(tl.bfloat16)
+    elif ROUND_WS == 2:
+        s = s.to(tl.float16)
+    return s.to(tl.float32)
+
+
+@triton.jit
 def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Program id -> (row tile, column tile), visiting GROUP_M row tiles per column tile in turn, so a weight
     tile is reused from L2 by the row tiles that need it while it is hot."""
@@ -125,11 +139,12 @@ def _epilogue(
     HAS_XS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    ROUND_WS: tl.constexpr,
 ):
     """acc [BLOCK_M, BLOCK_N] fp32 -> out = acc * w_scale[n] (* x_scale[m]) (+ bias[n]), cast once."""
     mask_m = offs_m < M
     mask_n = offs_n < N
-    ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0).to(tl.float32)
+    ws = load_scale(ws_ptr + offs_n * stride_ws, mask_n, ROUND_WS)
     val = acc * ws[None, :]
     if HAS_XS:
         xs = tl.load(xs_ptr + offs_m * stride_xs, mask=mask_m, other=0.0).to(tl.float32)
@@ -169,6 +184,7 @@ def woq_int8_gemv_kernel(
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     FAST_CVT: tl.constexpr,
+    ROUND_WS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -220,6 +236,7 @@ def woq_int8_gemv_kernel(
         False,
         HAS_BIAS,
         SPLIT_K,
+        ROUND_WS,
     )
 
 
@@ -250,6 +267,7 @@ def qlinear_mm_kernel(
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     FAST_CVT: tl.constexpr,
+    ROUND_WS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -329,6 +347,7 @@ def qlinear_mm_kernel(
         HAS_XS,
         HAS_BIAS,
         SPLIT_K,
+        ROUND_WS,
     )
 
 
@@ -336,7 +355,7 @@ def qlinear_mm_kernel(
 def woq_dequant_kernel(
     w_ptr, s_ptr, out_ptr, N, K,
     stride_wn, stride_wk, stride_s, stride_on, stride_ok,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROUND_WS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """out[N, K] = (w int8 * s[N]) in out's dtype: the weight of a dynamic-M woq launcher's cuBLAS range (M above
     the Triton kernels' crossover), built only when that range runs (its grid is gated by M)."""
@@ -346,7 +365,7 @@ def woq_dequant_kernel(
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rn[:, None] < N) & (rk[None, :] < K)
     w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk, mask=mask, other=0)
-    s = tl.load(s_ptr + rn * stride_s, mask=rn < N, other=0.0).to(tl.float32)
+    s = load_scale(s_ptr + rn * stride_s, rn < N, ROUND_WS)
     v = w.to(tl.float32) * s[:, None]
     tl.store(
         out_ptr + rn[:, None] * stride_on + rk[None, :] * stride_ok, v.to(out_ptr.dtype.element_ty), mask=mask

@@ -27,6 +27,18 @@ from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
 from qlower.lowerings.kernels.triton.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
 
 
+def round_code(dtype: torch.dtype, round_scale: bool) -> int:
+    """The kernels' ROUND_WS (`int8_kernels.load_scale`): 0 takes the scale as it is; 1 / 2 round an fp32
+    scale to bf16 / fp16 first, as the graph's cast of torchao's fp32 scale did
+    (`patterns.woq_int8.ScaleCast`)."""
+    if not round_scale:
+        return 0
+    codes = {torch.bfloat16: 1, torch.float16: 2}
+    if dtype not in codes:
+        raise ValueError(f"qlower: a weight scale is rounded to bf16 or fp16 only, not {dtype}")
+    return codes[dtype]
+
+
 def _launch(
     cfg: KernelConfig,
     a: torch.Tensor,
@@ -36,13 +48,15 @@ def _launch(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     gate: Any,
+    round_ws: int = 0,
 ) -> None:
-    """One kernel launch; `gate` (1, 0, or a 0/1 SymInt) multiplies the grid so a dynamic-M branch can be off."""
+    """One kernel launch; `gate` (1, 0, or a 0/1 SymInt) multiplies the grid so a dynamic-M branch can be off;
+    `round_ws` is the kernels' ROUND_WS (`round_code`)."""
     m = a.shape[0]
     n, k = w.shape  # static (supports() requires it); a's K equals it
     if cfg.kernel == "tma":
         if _tma_unsupported(a, w, out, gate) is None:
-            _launch_tma(cfg, a, w, ws, xs, bias, out, gate)
+            _launch_tma(cfg, a, w, ws, xs, bias, out, gate, round_ws)
             return
         cfg = configs.TMA_FALLBACK if a.dtype == torch.int8 else configs.WOQ_TMA_FALLBACK
     ws1, s_ws = flat(ws)
@@ -58,11 +72,11 @@ def _launch(
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
             HAS_BIAS=bias is not None, USE_DOT=cfg.swap_ab, EVEN_K=even_k,
             CVT=_conversion_here(cfg.cvt, a), EVICT="evict_first", ACC3=cfg.acc3, PREFETCH=False,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+            ROUND_WS=round_ws, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
     if cfg.kernel == "limbs":
-        _launch_limbs(cfg, a, w, ws, bias, out)
+        _launch_limbs(cfg, a, w, ws, bias, out, round_ws)
         return
     if cfg.kernel == "gemv":
         grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), cfg.split_k)
@@ -70,7 +84,7 @@ def _launch(
             a, w, ws1, b1, out, m, n, k,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
             HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=cfg.fast_cvt,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+            ROUND_WS=round_ws, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
         )  # fmt: skip
         return
     if cfg.swap_ab and cfg.num_warps > 4:
@@ -85,7 +99,8 @@ def _launch(
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), s_ws, s_xs, s_b, out.stride(0), out.stride(1),
         INT8_A=a.dtype == torch.int8, HAS_XS=xs is not None, HAS_BIAS=bias is not None, SWAP_AB=cfg.swap_ab,
         SPLIT_K=cfg.split_k, EVEN_K=even_k, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **common,
+        ROUND_WS=round_ws, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        **common,
     )  # fmt: skip
 
 
@@ -96,6 +111,7 @@ def _launch_limbs(
     ws: torch.Tensor,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    round_ws: int = 0,
 ) -> None:
     """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
     m = a.shape[0]
@@ -110,8 +126,9 @@ def _launch_limbs(
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1)
     wrap_triton(woq_limb_mm_kernel)[grid](
         limbs, rs, w, ws1, b1, out, m, n, k, w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
-        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, ROUND_WS=round_ws, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -170,6 +187,7 @@ def _launch_tma(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     gate: Any = 1,
+    round_ws: int = 0,
 ) -> None:
     """The persistent TMA GEMM: min(programs per SM x #SMs, #tiles) programs walk the output tiles (none at M = 0
     or with the dynamic-M gate off)."""
@@ -198,14 +216,14 @@ def _launch_tma(
             a, w, out, ws1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_b,
             HAS_BIAS=bias is not None, FAST_CVT=_conversion_here(int(cfg.fast_cvt), a),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            ROUND_WS=round_ws, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return
     wrap_triton(int8_mm_tma_dev_kernel)[grid](
         a, w, out, ws1, xs1, b1, m, n, k, a.stride(0), w.stride(0), out.stride(0), s_ws, s_xs, s_b,
         HAS_XS=xs is not None, HAS_BIAS=bias is not None, EPI_TMA=True, EPI_SPLIT=2,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, FLATTEN=True,
-        WARP_SPEC=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WARP_SPEC=False, ROUND_WS=round_ws, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
@@ -221,6 +239,7 @@ def _run(
     dense_above: int = 0,
     as_dynamic: bool = False,
     host_branch: bool = False,
+    round_ws: int = 0,
 ) -> torch.Tensor:
     """Static M: the device table's config for M. Symbolic M: per M range of `configs.dynamic_plan` the kernel
     a static M there gets, chosen on the host from the size without a guard or a device sync, in one of two
@@ -229,18 +248,21 @@ def _run(
     or 1 programs' worth (CUDA graphs capture only the launch that runs; Inductor refuses to capture a graph
     holding a `torch.cond` on CUDA tensors). `dense_above` > 0 (woq-int8 under AUTO): M above it takes dequant
     + cuBLAS instead, as the static lowering does there. `as_dynamic`: a concrete M takes the gated path (its
-    gates are then 0/1 ints; tests check every bucket that way)."""
+    gates are then 0/1 ints; tests check every bucket that way). `round_ws`: every launch's ROUND_WS
+    (`round_code`)."""
     m = a.shape[0]
     n, k = w.shape
     device = current_device_name(a.device)
     if is_static(m) and not as_dynamic:
-        return _launch_all([(static_cfg(int(m), k, n, device), 1)], a, w, ws, xs, bias, out_dtype, None)
+        return _launch_all(
+            [(static_cfg(int(m), k, n, device), 1)], a, w, ws, xs, bias, out_dtype, None, round_ws
+        )
     plan = configs.dynamic_plan(static_cfg, table, k, n, device, max_m=dense_above or None)
     if host_branch and not as_dynamic:
-        return _branch_on_m(plan, dense_above, a, w, ws, xs, bias, out_dtype)
+        return _branch_on_m(plan, dense_above, a, w, ws, xs, bias, out_dtype, round_ws)
     launches = [(cfg, g) for lo, hi, cfg in plan if (g := m_range_gate(m, lo, hi)) is not None]
-    dense = _dense_above(a, w, ws, bias, out_dtype, dense_above) if dense_above else None
-    return _launch_all(launches, a, w, ws, xs, bias, out_dtype, dense)
+    dense = _dense_above(a, w, ws, bias, out_dtype, dense_above, round_ws) if dense_above else None
+    return _launch_all(launches, a, w, ws, xs, bias, out_dtype, dense, round_ws)
 
 
 def _branch_on_m(
@@ -252,6 +274,7 @@ def _branch_on_m(
     xs: torch.Tensor | None,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    round_ws: int = 0,
 ) -> torch.Tensor:
     """Per range of the plan M can reach (`m_range_gate`: never pruning M = 1) one ungated launch of its
     kernel, then dequant + cuBLAS above `dense_above`, chosen by `branch_on_m`'s host `if`s."""
@@ -260,8 +283,8 @@ def _branch_on_m(
     def leaf(cfg: KernelConfig | None) -> Any:
         def run(a_: Any, w_: Any, ws_: Any, xs_: Any, b_: Any) -> torch.Tensor:
             if cfg is None:
-                return _dense(a_, w_, ws_, b_, out_dtype)
-            return _launch_all([(cfg, 1)], a_, w_, ws_, xs_, b_, out_dtype, None)
+                return _dense(a_, w_, ws_, b_, out_dtype, round_ws=round_ws)
+            return _launch_all([(cfg, 1)], a_, w_, ws_, xs_, b_, out_dtype, None, round_ws)
 
         return run
 
@@ -278,6 +301,7 @@ def _dense_above(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     above: int,
+    round_ws: int = 0,
 ) -> torch.Tensor | None:
     """The output of cuBLAS on the dequantized weight where M > `above`; where M <= above, the same GEMM with K
     gated to 0 (no weight built, no GEMM: cuBLAS only fills the output, which the Triton launches then write).
@@ -285,7 +309,7 @@ def _dense_above(
     g = m_range_gate(a.shape[0], above + 1, None)
     if g is None:
         return None
-    return _dense(a, w, ws, bias, out_dtype, g)
+    return _dense(a, w, ws, bias, out_dtype, g, round_ws)
 
 
 def _dense(
@@ -295,6 +319,7 @@ def _dense(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     gate: Any = 1,
+    round_ws: int = 0,
 ) -> torch.Tensor:
     """Dequantize the weight (the scale folded in: one rounding of w * s per element) and run cuBLAS; `gate`
     (1, or a 0/1 SymInt) multiplies K and the dequantization grid."""
@@ -305,8 +330,9 @@ def _dense(
     ws1, s_ws = flat(ws)
     bn, bk = 32, 128
     wrap_triton(woq_dequant_kernel)[(cdiv(n, bn) * gate, cdiv(k, bk), 1)](
-        w, ws1, wd, n, k, w.stride(0), w.stride(1), s_ws, k, 1, BLOCK_N=bn, BLOCK_K=bk, num_warps=4
-    )
+        w, ws1, wd, n, k, w.stride(0), w.stride(1), s_ws, k, 1, ROUND_WS=round_ws, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=4,
+    )  # fmt: skip
     a_k = a if ungated else a.narrow(1, 0, kg)
     out = torch.mm(a_k, wd.t()) if bias is None else torch.addmm(bias.to(a.dtype), a_k, wd.t())
     return out if out.dtype == out_dtype else out.to(out_dtype)
@@ -321,6 +347,7 @@ def _launch_all(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     out: torch.Tensor | None,
+    round_ws: int = 0,
 ) -> torch.Tensor:
     """Run the launches into `out` (None: a new [M, N] buffer; fp32 and zeroed, then cast, for split-K)."""
     m = a.shape[0]
@@ -329,12 +356,12 @@ def _launch_all(
         assert out is None and len(launches) == 1, "split-K: one static launch into its own accumulator"
         acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
         for cfg, gate in launches:
-            _launch(cfg, a, w, ws, xs, bias, acc, gate)
+            _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
         return acc.to(out_dtype)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     for cfg, gate in launches:
-        _launch(cfg, a, w, ws, xs, bias, out, gate)
+        _launch(cfg, a, w, ws, xs, bias, out, gate, round_ws)
     return out
 
 
@@ -346,13 +373,15 @@ def woq_int8_linear(
     bias: torch.Tensor | None,
     dense_above: int = 0,
     host_branch: bool = False,
+    round_scale: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype.
     `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels.
-    `host_branch`: a symbolic M picks its kernel with `torch.cond`, not gated grids (`_run`)."""
+    `host_branch`: a symbolic M picks its kernel with `torch.cond`, not gated grids (`_run`).
+    `round_scale`: w_scale (fp32) is rounded to x's dtype before use, as the graph's own cast of it did."""
     return _run(
         x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.WOQ_INT8_TUNED, dense_above,
-        host_branch=host_branch,
+        host_branch=host_branch, round_ws=round_code(x.dtype, round_scale),
     )  # fmt: skip
 
 
@@ -382,9 +411,11 @@ def launch_config(
     xs: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    round_scale: bool = False,
 ) -> torch.Tensor:
     """Eager launch with an explicit config (tuning sweeps and kernel tests)."""
-    return _launch_all([(cfg, 1)], a, w, ws, xs, bias, out_dtype or a.dtype, None)
+    round_ws = round_code(a.dtype, round_scale)
+    return _launch_all([(cfg, 1)], a, w, ws, xs, bias, out_dtype or a.dtype, None, round_ws)
 
 
 def launch_as_dynamic(
@@ -395,6 +426,7 @@ def launch_as_dynamic(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     dense_above: int = 0,
+    round_scale: bool = False,
 ) -> torch.Tensor:
     """Eager run of the launches a symbolic M gets (woq-int8 for float `a`, dynamic-int8 for int8 `a`), at
     this concrete M: every gate is 0 or 1, so tests can check that each M meets exactly one right kernel."""
@@ -402,4 +434,8 @@ def launch_as_dynamic(
         static_cfg, table = configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED
     else:
         static_cfg, table = configs.woq_int8_config, configs.WOQ_INT8_TUNED
-    return _run(a, w, ws, xs, bias, out_dtype or a.dtype, static_cfg, table, dense_above, as_dynamic=True)
+    round_ws = round_code(a.dtype, round_scale)
+    return _run(
+        a, w, ws, xs, bias, out_dtype or a.dtype, static_cfg, table, dense_above, as_dynamic=True,
+        round_ws=round_ws,
+    )  # fmt: skip

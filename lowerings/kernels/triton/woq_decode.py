@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
-from qlower.lowerings.kernels.triton.int8_kernels import _int8_to
+from qlower.lowerings.kernels.triton.int8_kernels import _int8_to, load_scale
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
 _ASM_I8_F32 = tl.constexpr(
@@ -91,10 +91,11 @@ def _finish(
     stride_om,
     stride_on,
     HAS_BIAS: tl.constexpr,
+    ROUND_WS: tl.constexpr,
 ):
     """acc [BM, BN] fp32 (the full K sum) -> out = acc * ws[n] + b[n], cast to out's dtype."""
     mask_n = offs_n < N
-    ws = tl.load(ws_ptr + offs_n * stride_ws, mask=mask_n, other=0.0).to(tl.float32)
+    ws = load_scale(ws_ptr + offs_n * stride_ws, mask_n, ROUND_WS)
     val = acc * ws[None, :]
     if HAS_BIAS:
         b = tl.load(b_ptr + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)
@@ -142,6 +143,7 @@ def woq_decode_kernel(
     EVICT: tl.constexpr,
     ACC3: tl.constexpr,
     PREFETCH: tl.constexpr,
+    ROUND_WS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -217,4 +219,4 @@ def woq_decode_kernel(
         acc = tl.trans(acc_t)
 
     _finish(acc, offs_m, offs_n, M, N, ws_ptr, stride_ws, b_ptr, stride_b, out_ptr, stride_om, stride_on,
-            HAS_BIAS)  # fmt: skip
+            HAS_BIAS, ROUND_WS)  # fmt: skip

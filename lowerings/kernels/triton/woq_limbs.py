@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qlower.lowerings.kernels.triton.int8_kernels import grouped_tile
+from qlower.lowerings.kernels.triton.int8_kernels import grouped_tile, load_scale
 
 MAX_K = 1 << 16  # int32 sums stay exact: K * 128 * 128 < 2**31
 
@@ -78,7 +78,7 @@ def woq_limb_mm_kernel(
     l_ptr, rs_ptr, w_ptr, ws_ptr, b_ptr, out_ptr,
     M, N, K,
     stride_wn, stride_wk, stride_ws, stride_b, stride_om, stride_on,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, ROUND_WS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """out[M, N] = x @ (w int8 [N, K] * ws[N]).T + b from x's limbs [3, M, K] (contiguous) and row scales rs[M].
@@ -120,7 +120,7 @@ def woq_limb_mm_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     rs = tl.load(rs_ptr + rm)
-    ws = tl.load(ws_ptr + rn * stride_ws).to(tl.float32)
+    ws = load_scale(ws_ptr + rn * stride_ws, mask_n, ROUND_WS)
     val = acc * rs[:, None] * ws[None, :]
     if HAS_BIAS:
         val = val + tl.load(b_ptr + rn * stride_b).to(tl.float32)[None, :]
