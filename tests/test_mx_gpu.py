@@ -199,7 +199,8 @@ def test_dynamic_m_decode_buckets():
     branches of a host `if` on M), and every M computes the float64 result."""
     from torch._inductor.utils import run_and_get_code
 
-    f, _ = _model(None, "e2m1", 1056, 4256)  # M 1-4 -> hfma, 5-64 -> mx_bf16 tiles, above: its dequantize (N < K)
+    # M 1-4 -> hfma, 5-64 -> mx_bf16 tiles, above: its dequantize (N < K)
+    f, _ = _model(None, "e2m1", 1056, 4256)
     cf = _compiled(f, dynamic=True)
     for m in (2, 3, 9, 16, 17, 40, 64, 65, 130, 300):
         x = torch.randn(m, 4256, device=DEV, dtype=torch.bfloat16)
@@ -251,3 +252,42 @@ def test_mx_bf16_decodes_every_code_pair_exactly(m):
 
 def cdiv_rows(m: int, k: int) -> int:
     return (m + k - 1) // k
+
+
+@pytest.mark.parametrize(
+    "a_elem,w_elem,m,pref",
+    [
+        (None, "e2m1", 1, "AUTO"),  # the f16x2 GEMV
+        (None, "e2m1", 9, "AUTO"),  # `mx_bf16` tiles (M 5-16, then 33-64 below)
+        (None, "e2m1", 40, "AUTO"),
+        (None, "e2m1", 300, "AUTO"),  # `mx_bf16` dequantize + cuBLAS
+        (None, "e4m3", 1, "AUTO"),  # the f16x2 GEMV, fp8 weights
+        (None, "e4m3", 9, "AUTO"),  # the mx_decode dot kernel
+        ("e4m3", "e4m3", 2, "AUTO"),  # the byte-wise GEMV (MX activations)
+        ("e4m3", "e4m3", 64, "TRITON"),  # fp8 tensor-core tiles (scales per 32-chunk sum)
+    ],
+)
+def test_special_scale_codes_match_the_eager_model(a_elem, w_elem, m, pref):
+    """The hand-written form's fp32 `exp2(code - 127)` is +inf at e8m0 code 255 (and 2**-127 at code 0); qlower
+    records it and each kernel family must give the eager model's NaN and +-inf positions. Row 7's block 0 is
+    all 1.0 under a positive x block: +inf in the graph (NaN with the spec's decode). Row 3's block 1 holds a
+    zero element: NaN in the graph (0 * inf), where a kernel multiplying block sums by the scale gives +-inf.
+    Row 5's block 2 has code 0."""
+    n, k = 256, 512
+    f, _ = _model(a_elem, w_elem, n, k)
+    qb = f.q.view(torch.uint8)
+    per = 16 if w_elem == "e2m1" else 32  # bytes per 32-element block
+    f.e[3, 1], f.e[7, 0], f.e[5, 2] = 255, 255, 0
+    qb[3, per] = 0
+    qb[7, :per] = 0x22 if w_elem == "e2m1" else 0x38
+    x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    x[:, :32] = x[:, :32].abs() + 0.5
+    ref = f(x)
+    assert ref[:, 7].isposinf().all() and ref[:, 3].isnan().all()
+    y = _compiled(f, kernel_preference=pref)(x)
+    assert [d.lowering for d in qlower.last_report()] == ["triton.mx_linear"]
+    assert torch.equal(y.isnan(), ref.isnan())
+    assert torch.equal(y == float("inf"), ref == float("inf"))
+    assert torch.equal(y == float("-inf"), ref == float("-inf"))
+    fin = ref.isfinite()
+    assert _rel(y[fin], ref[fin].double()) <= 1e-2

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 
 import torch
 from torch import fx
@@ -18,6 +20,23 @@ def _elem_code(elem: str) -> int:
     return {"e4m3": 1, "e5m2": 2, "e2m1": 3}[elem]
 
 
+def special_bits(special: Mapping[int, float] | None) -> int:
+    """The kernels' e8m0 flags for a record's `{code: value}` where its decode is not the spec's
+    (patterns/mx.py records 0 -> 0.0 and 255 -> +inf, `mx_format.E8M0_SPECIAL_ALTERNATIVES`): without them the
+    kernels would decode 0 as 2**-127 and 255 as NaN, other numbers than the graph's."""
+    from qlower.lowerings.kernels.triton.mx_kernels import SPECIAL_INF, SPECIAL_ZERO
+
+    bits = 0
+    for code, value in (special or {}).items():
+        if code == 0 and value == 0.0:
+            bits |= SPECIAL_ZERO
+        elif code == 255 and value == math.inf:
+            bits |= SPECIAL_INF
+        else:
+            raise ValueError(f"qlower: no MX Triton kernel decodes e8m0 code {code} as {value}")
+    return bits
+
+
 def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     from qlower.lowerings.kernels.triton import mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
     from qlower.lowerings.kernels.triton.inline import emit_traced
@@ -29,11 +48,13 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     ws, w_swz = scale_codes(
         em, rec.weight_scale, d["w_scale_layout"], d["w_scale_codes"], d["w_scale_assoc"], cols
     )
+    w_sp = special_bits(d.get("w_scale_special"))
     aq = rec.act_quant
     if aq is None:
-        a, a_fmt, a_swz, tensors = rec.x, 0, False, [rec.x]
+        a, a_fmt, a_swz, a_sp, tensors = rec.x, 0, False, 0, [rec.x]
     else:
         ad = aq.details
+        a_sp = special_bits(ad.get("scale_special"))
         a, a_fmt = as_u8_view(em, aq.x_q), _elem_code(ad["elem"])
         xs, a_swz = scale_codes(
             em, aq.x_scale, ad["scale_layout"], ad["scale_codes"], ad["scale_assoc"], cols
@@ -52,7 +73,7 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
         w_t, ws_t = next(it), next(it)
         b_t = next(it, None)
         return torch.ops.qlower.mx_linear(
-            a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch
+            a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch, a_sp, w_sp
         )
 
     core = emit_traced(em, call, tensors)

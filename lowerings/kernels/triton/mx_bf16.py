@@ -71,19 +71,26 @@ def _join8(v):
 
 @triton.jit
 def _scale_pairs(s_ptr, rn, n_mask, kb, nkb, stride_sn, stride_sk, s_cols_pad, SWIZZLED: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):  # fmt: skip
+                 SPECIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):  # fmt: skip
     """[BLOCK_N, BLOCK_KW] int32: each word's block scale 2**(code - 127) as a bf16x2 pair (0 -> the bf16
-    subnormal 2**-127, 255 -> NaN), 4 words per 32-element block."""
+    subnormal 2**-127, or 0.0 with SPECIAL_ZERO; 255 -> NaN, or +inf with SPECIAL_INF: `mx_kernels.SPECIAL_*`),
+    4 words per 32-element block. The PTX scales each element (+inf times a zero element is NaN, as in the
+    graph's dequantization)."""
     offs = _scale_offsets(rn[:, None], kb[None, :], stride_sn, stride_sk, s_cols_pad, SWIZZLED)
     c = tl.load(s_ptr + offs, mask=n_mask[:, None] & (kb < nkb)[None, :], other=127).to(tl.int32)
-    bits = tl.where(c == 0, 0x40, tl.where(c == 255, 0x7FC0, c << 7))
+    bits = c << 7  # 0 -> 0x0000 (0.0), 255 -> 0x7F80 (+inf)
+    if (SPECIAL & 1) == 0:
+        bits = tl.where(c == 0, 0x40, bits)
+    if (SPECIAL & 2) == 0:
+        bits = tl.where(c == 255, 0x7FC0, bits)
     pair = bits | (bits << 16)
     return tl.reshape(tl.broadcast_to(pair[:, :, None], (BLOCK_N, BLOCK_KW // 4, 4)), (BLOCK_N, BLOCK_KW))
 
 
 @triton.jit
 def _tile(w_ptr, s_ptr, rn, n_mask, kw0, kw_end, KW, stride_wn, stride_sn, stride_sk, s_cols_pad,
-          SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):  # fmt: skip
+          SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_KW: tl.constexpr):  # fmt: skip
     """The decoded weight tile [BLOCK_N, BLOCK_KW] words as 8 bf16 planes (masked words decode to 0)."""
     kw = kw0 + tl.arange(0, BLOCK_KW)
     if EVEN_K:
@@ -95,7 +102,7 @@ def _tile(w_ptr, s_ptr, rn, n_mask, kw0, kw_end, KW, stride_wn, stride_sn, strid
     )
     kb = kw0 // 4 + tl.arange(0, BLOCK_KW // 4)
     sp = _scale_pairs(
-        s_ptr, rn, n_mask, kb, KW // 4, stride_sn, stride_sk, s_cols_pad, SWIZZLED, BLOCK_N, BLOCK_KW
+        s_ptr, rn, n_mask, kb, KW // 4, stride_sn, stride_sk, s_cols_pad, SWIZZLED, SPECIAL, BLOCK_N, BLOCK_KW
     )
     return _decode(w, sp)
 
@@ -106,7 +113,8 @@ def mx_bf16_mm_kernel(
     M, N, KW, KW_SPLIT,
     stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, s_cols_pad,
     stride_ps, stride_om, stride_on,
-    SWIZZLED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr,
+    SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    PLANES: tl.constexpr,
     SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_KW: tl.constexpr,
 ):  # fmt: skip
@@ -131,7 +139,7 @@ def mx_bf16_mm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kw0 in range(k_lo, k_hi, BLOCK_KW):
         v = _tile(w_ptr, s_ptr, rn, n_mask, kw0, k_hi, KW, stride_wn, stride_sn, stride_sk, s_cols_pad,
-                  SWIZZLED, EVEN_K, BLOCK_N, BLOCK_KW)  # fmt: skip
+                  SWIZZLED, SPECIAL, EVEN_K, BLOCK_N, BLOCK_KW)  # fmt: skip
         if PLANES:
             kw = kw0 + tl.arange(0, BLOCK_KW)
             xm = m_mask[:, None] & (kw < k_hi)[None, :]
@@ -169,14 +177,15 @@ def mx_bf16_mm_kernel(
 def mx_bf16_dequant_kernel(
     w_ptr, s_ptr, out_ptr, N, KW,
     stride_wn, stride_sn, stride_sk, s_cols_pad, stride_on,
-    SWIZZLED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_KW: tl.constexpr,
 ):  # fmt: skip
     """out [N, K] bf16 = dequant(w) (the user's rounding, once per element); grid (cdiv(N, BN), cdiv(KW, BKW))."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kw0 = tl.program_id(1) * BLOCK_KW
     n_mask = rn < N
     v = _join8(_tile(w_ptr, s_ptr, rn, n_mask, kw0, KW, KW, stride_wn, stride_sn, stride_sk, s_cols_pad,
-                     SWIZZLED, EVEN_K, BLOCK_N, BLOCK_KW))  # fmt: skip
+                     SWIZZLED, SPECIAL, EVEN_K, BLOCK_N, BLOCK_KW))  # fmt: skip
     kk = kw0 * 8 + tl.arange(0, BLOCK_KW * 8)
     tl.store(
         out_ptr + rn[:, None] * stride_on + kk[None, :], v, mask=n_mask[:, None] & (kk < KW * 8)[None, :]

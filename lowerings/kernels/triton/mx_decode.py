@@ -177,11 +177,12 @@ def _decode_words(w, W_FMT: tl.constexpr, DECODE: tl.constexpr):
 
 @triton.jit
 def _block_scales(s_ptr, rn, n_mask, kb, nkb, stride_sn, stride_sk, s_cols_pad, factor,
-                  SWIZZLED: tl.constexpr):  # fmt: skip
-    """[BLOCK_N, NBK] fp32: 2**(code - 127) * factor (factor folds the decoder's 2**(DSH - XSH))."""
+                  SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr):  # fmt: skip
+    """[BLOCK_N, NBK] fp32: 2**(code - 127) * factor (factor folds the decoder's 2**(DSH - XSH); codes 0 and
+    255 as `mx_kernels._scale_f32` decodes them under SPECIAL)."""
     offs = _scale_offsets(rn[:, None], kb[None, :], stride_sn, stride_sk, s_cols_pad, SWIZZLED)
     code = tl.load(s_ptr + offs, mask=n_mask[:, None] & (kb < nkb)[None, :], other=127)
-    return (_scale_f32(code) * factor).to(tl.float32)  # Inductor passes a Python float as fp64
+    return (_scale_f32(code, SPECIAL) * factor).to(tl.float32)  # Inductor passes a Python float as fp64
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -235,11 +236,12 @@ def mx_decode_mm_kernel(
     M, N, KW, x_mul, s_mul,
     stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, s_cols_pad,
     stride_om, stride_on,
-    W_FMT: tl.constexpr, SWIZZLED: tl.constexpr, DECODE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, EVICT: tl.constexpr, DOT_BF16: tl.constexpr, X_PRESCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+    W_FMT: tl.constexpr, SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, DECODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVICT: tl.constexpr, DOT_BF16: tl.constexpr,
+    X_PRESCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
 ):  # fmt: skip
-    """Small-M tiles: the decoded weight tile times its block scales (exact in bf16) into tl.dot."""
+    """Small-M tiles: the decoded weight tile times its block scales (exact in bf16) into tl.dot. Each element
+    is scaled before the dot, as the graph's dequantization does (+inf scales included: 0 * inf is NaN)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     EPW: tl.constexpr = 8 if W_FMT == 3 else 4
@@ -265,7 +267,9 @@ def mx_decode_mm_kernel(
             w = tl.load(w_ptrs, mask=w_mask, other=0)
         v = _join_words(_decode_words(w, W_FMT, DECODE), EPW)
         kb = kw0 // WPB + tl.arange(0, NBK)
-        s = _block_scales(s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, s_mul, SWIZZLED)
+        s = _block_scales(
+            s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, s_mul, SWIZZLED, SPECIAL
+        )
         v = tl.reshape(tl.reshape(v, (BLOCK_N, NBK, 32)) * s[:, :, None], (BLOCK_N, BK)).to(DOT_DTYPE)
         kk = kw0 * EPW + tl.arange(0, BK)
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,

@@ -14,6 +14,11 @@ overflow by the choice of T), the word sums in fp32, and the block sum times 2**
 the weight block's e8m0 scale accumulates in fp32. Error per word sum <= a few f16 ulps (2**-11 relative),
 below the bf16 rounding of the output.
 
+e8m0 codes 0 and 255 decode as the graph's decode does (constexpr SPECIAL, `mx_kernels._scale_f32`). The block
+sum, not each element, is multiplied by the scale, which differs from the graph's dequantize-then-multiply only
+where a scale is +inf (0 * inf is NaN there; +inf and -inf products cancel to NaN): with SPECIAL_INF, a program
+whose result is not finite recomputes its rows scaling each element (`_exact_row`, fp32).
+
 Under TRITON_INTERPRET (no inline PTX) `USE_ASM=False` computes the same word sums in fp32 from an exact
 bit decode, so CPU tests cover the indexing, masks, x scaling and block scales.
 
@@ -28,6 +33,7 @@ import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
 from qlower.lowerings.kernels.triton.mx_decode import _bits_elem, _block_scales, _load_w
+from qlower.lowerings.kernels.triton.mx_kernels import _any_nonfinite
 
 
 def _asm_e2m1() -> str:
@@ -178,8 +184,8 @@ def mx_hfma_gemv_kernel(
     M, N, KW, KW_SPLIT,
     stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, s_cols_pad,
     stride_os, stride_om, stride_on,
-    W_FMT: tl.constexpr, SWIZZLED: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    EVICT: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
+    W_FMT: tl.constexpr, SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
 ):  # fmt: skip
     """Programs (n tile, m tile, K split); BLOCK_M in {1, 2, 4}: rows sharing one load of the weight words.
@@ -216,7 +222,9 @@ def mx_hfma_gemv_kernel(
             w3 = _load_w(w_ptr, rn3, n_mask, kw[None, None, :], lim, stride_wn, not EVEN_K, EVICT)
         w = tl.reshape(w3, (BLOCK_N, BLOCK_KW))
         kb = kw0 // WPB + tl.arange(0, NBK)
-        s = _block_scales(s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, 1.0, SWIZZLED)
+        s = _block_scales(
+            s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, 1.0, SWIZZLED, SPECIAL
+        )
         acc0 += _row_partial(w, s, x_ptr, row0, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW)
         if BLOCK_M >= 2:
             acc1 += _row_partial(
@@ -229,13 +237,33 @@ def mx_hfma_gemv_kernel(
             acc3 += _row_partial(
                 w, s, x_ptr, row0 + 3, M, kw, lim, stride_xm, stride_xk, W_FMT, USE_ASM, BLOCK_KW
             )
+    o0 = tl.sum(acc0, axis=1)
+    o1 = tl.sum(acc1, axis=1)
+    o2 = tl.sum(acc2, axis=1)
+    o3 = tl.sum(acc3, axis=1)
+    if (SPECIAL & 2) != 0:  # a +inf scale makes its rows' sums non-finite: recompute those programs exactly
+        if _any_nonfinite((o0 + o1 + o2 + o3)[:, None]):
+            o0 = _exact_row(w_ptr, s_ptr, x_ptr, row0, M, rn, n_mask, kw_lo, kw_end, lim, KW, stride_wn,
+                            stride_xm, stride_xk, stride_sn, stride_sk, s_cols_pad, W_FMT, SWIZZLED, SPECIAL,
+                            BLOCK_N, BLOCK_KW)  # fmt: skip
+            if BLOCK_M >= 2:
+                o1 = _exact_row(w_ptr, s_ptr, x_ptr, row0 + 1, M, rn, n_mask, kw_lo, kw_end, lim, KW, stride_wn,
+                                stride_xm, stride_xk, stride_sn, stride_sk, s_cols_pad, W_FMT, SWIZZLED, SPECIAL,
+                                BLOCK_N, BLOCK_KW)  # fmt: skip
+            if BLOCK_M == 4:
+                o2 = _exact_row(w_ptr, s_ptr, x_ptr, row0 + 2, M, rn, n_mask, kw_lo, kw_end, lim, KW, stride_wn,
+                                stride_xm, stride_xk, stride_sn, stride_sk, s_cols_pad, W_FMT, SWIZZLED, SPECIAL,
+                                BLOCK_N, BLOCK_KW)  # fmt: skip
+                o3 = _exact_row(w_ptr, s_ptr, x_ptr, row0 + 3, M, rn, n_mask, kw_lo, kw_end, lim, KW, stride_wn,
+                                stride_xm, stride_xk, stride_sn, stride_sk, s_cols_pad, W_FMT, SWIZZLED, SPECIAL,
+                                BLOCK_N, BLOCK_KW)  # fmt: skip
     o_base = out_ptr + pid_k * stride_os + rn * stride_on
-    _store_row(acc0, o_base, row0, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
+    _store_row(o0, o_base, row0, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
     if BLOCK_M >= 2:
-        _store_row(acc1, o_base, row0 + 1, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
+        _store_row(o1, o_base, row0 + 1, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
     if BLOCK_M == 4:
-        _store_row(acc2, o_base, row0 + 2, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
-        _store_row(acc3, o_base, row0 + 3, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
+        _store_row(o2, o_base, row0 + 2, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
+        _store_row(o3, o_base, row0 + 3, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS)
 
 
 @triton.jit
@@ -256,8 +284,50 @@ def _row_partial(w, s, x_ptr, row, M, kw, lim, stride_xm, stride_xk, W_FMT: tl.c
 
 
 @triton.jit
-def _store_row(acc, o_base, row, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS: tl.constexpr):
-    out = tl.sum(acc, axis=1)
+def _exact_elem(w, e: tl.constexpr, W_FMT: tl.constexpr):
+    """Element e of each int32 word as its true fp32 value, through the e4m3 convert (no fp32 subnormals)."""
+    if W_FMT == 3:
+        nib = (w >> (4 * e)) & 15
+        e4 = ((nib & 7) << 2) | ((nib & 8) << 4)  # e2m1 bits as e4m3 worth value / 64 (mx_kernels)
+        return e4.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
+    else:
+        return ((w >> (8 * e)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _exact_row(w_ptr, s_ptr, x_ptr, row, M, rn, n_mask, kw_lo, kw_end, lim, KW, stride_wn, stride_xm, stride_xk,
+               stride_sn, stride_sk, s_cols_pad, W_FMT: tl.constexpr, SWIZZLED: tl.constexpr,
+               SPECIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):  # fmt: skip
+    """[BLOCK_N] fp32: one x row times the weight rows rn over words [kw_lo, lim), each element times its scale
+    before its product, in the graph's order ((value * scale) * x, fp32). Tiles of at most 16 words: a
+    BLOCK_KW-wide one raised the kernel's registers (sm_90 ptxas, n16 kw128: 145 against 80 without the tail);
+    at 16 words the production configs compile within about +-30 of their count without it."""
+    EPW: tl.constexpr = 8 if W_FMT == 3 else 4
+    WPB: tl.constexpr = 32 // EPW
+    TKW: tl.constexpr = BLOCK_KW if BLOCK_KW < 16 else 16  # divides BLOCK_KW, hence every split's range
+    NBK: tl.constexpr = TKW // WPB
+    acc = tl.zeros((BLOCK_N, TKW), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_end, TKW):
+        kw = kw0 + tl.arange(0, TKW)
+        inside = n_mask[:, None] & (kw < lim)[None, :]
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kw[None, :], mask=inside, other=0)
+        kb = kw0 // WPB + tl.arange(0, NBK)
+        s = _block_scales(
+            s_ptr, rn, n_mask, kb, KW // WPB, stride_sn, stride_sk, s_cols_pad, 1.0, SWIZZLED, SPECIAL
+        )
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, NBK, WPB)), (BLOCK_N, TKW))
+        x_base = x_ptr + row * stride_xm + kw * EPW * stride_xk
+        x_mask = (kw < lim) & ((kw * 0 + row) < M)
+        part = tl.zeros((BLOCK_N, TKW), dtype=tl.float32)
+        for e in tl.static_range(EPW):
+            x_e = tl.load(x_base + e * stride_xk, mask=x_mask, other=0).to(tl.float32)
+            part += _exact_elem(w, e, W_FMT) * s * x_e[None, :]
+        acc += tl.where(inside, part, 0.0)  # a masked word's 0 times a +inf scale is NaN: not this range's
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _store_row(out, o_base, row, M, stride_om, n_mask, bias_ptr, rn, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         out += tl.load(bias_ptr + rn, mask=n_mask, other=0).to(tl.float32)
     tl.store(o_base + row * stride_om, out.to(o_base.dtype.element_ty), mask=n_mask & ((rn * 0 + row) < M))

@@ -33,13 +33,15 @@ def launch_decode(
     gate: Any = 1,
     direct: bool = False,
     rows: Any = None,
+    w_special: int = 0,
 ) -> None:
     """Launch cfg writing out [M, N]. `direct` calls the kernels without wrap_triton (eager timing).
 
     Under a triton_op `direct` must be False (the launches go through wrap_triton); `gate` scales the grid
     as in mx_ops.launch, so a symbolic M can pick between configs without a guard. `rows` (default M) is
     the M the launch covers: a gated launch that only runs when M == 1 passes rows=1, so its grid and
-    split-K scratch are static (a symbolic M would size the scratch by M even when gated off).
+    split-K scratch are static (a symbolic M would size the scratch by M even when gated off). `w_special`:
+    how e8m0 codes 0 and 255 decode (`mx_kernels.SPECIAL_ZERO | SPECIAL_INF`; 0: the OCP spec's values).
     """
     from torch.library import wrap_triton
 
@@ -62,7 +64,8 @@ def launch_decode(
         xsh = 0  # an fp16 dot cannot hold x * 2**XSH; the weights then carry the whole 2**DSH
     x_mul, s_mul = 2.0**xsh, 2.0 ** (dsh - xsh)
     common = dict(
-        W_FMT=w_fmt, SWIZZLED=w_swizzled, DECODE=effective_decode(w_fmt, cfg.decode), HAS_BIAS=bias is not None, EVICT=cfg.evict,
+        W_FMT=w_fmt, SWIZZLED=w_swizzled, SPECIAL=w_special, DECODE=effective_decode(w_fmt, cfg.decode),
+        HAS_BIAS=bias is not None, EVICT=cfg.evict,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -116,11 +119,13 @@ def dense_bf16(
     w_swizzled: bool = False,
     gate: Any = 1,
     direct: bool = False,
+    w_special: int = 0,
 ) -> torch.Tensor:
     """x @ dequant(w).T [+ bias] for MXFP4 weights and bf16 x at large M: `mx_bf16_dequant_kernel` writes the
     weight in bf16 (the user's dequantize-then-cast, once per element), cuBLAS multiplies (what F.linear on
     that weight runs). `gate` (1, or a 0/1 SymInt) multiplies K and the dequantization grid: gated off, no
-    weight is built and cuBLAS only fills the output (bias or zeros), which gated launches then overwrite."""
+    weight is built and cuBLAS only fills the output (bias or zeros), which gated launches then overwrite.
+    `w_special`: as in `launch_decode`."""
     from torch.library import wrap_triton
 
     n, kw = w_words.shape
@@ -135,7 +140,8 @@ def dense_bf16(
     kern = mx_bf16_dequant_kernel if direct else wrap_triton(mx_bf16_dequant_kernel)
     kern[(cdiv(n, cfg.block_n) * gate, cdiv(kw, cfg.block_kw))](
         w_words, s_t, wd, n, kw, w_words.stride(0), s_sn, s_sk, s_pad, kg,
-        SWIZZLED=w_swizzled, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        SWIZZLED=w_swizzled, SPECIAL=w_special, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n,
+        BLOCK_KW=cfg.block_kw,
         num_warps=cfg.num_warps,
     )  # fmt: skip
     x_k = x if ungated else x.narrow(1, 0, kg)

@@ -7,6 +7,9 @@ recompile). Configs were chosen on an H200 (scripts/bench_mx.py sweeps them); ot
 Weight-only MXFP4/MXFP8 with bf16/fp16 activations at M <= 16 runs the word-wise decode kernels of
 `mx_decode` instead where they measured faster (`pick_decode`, table and rules below).
 
+`a_special` / `w_special` say how e8m0 codes 0 and 255 decode (`Special`; the record's `scale_special` /
+`w_scale_special`, mapped by lowerings/emit/triton_mx.py): every kernel launched here takes them as constexprs.
+
 Not using `from __future__ import annotations` (nor `X | None`): `triton_op` infers the schema from live
 annotations, on the oldest torch qlower supports too.
 """
@@ -23,11 +26,39 @@ from torch.library import triton_op, wrap_triton
 from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
-from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, FLOAT, mx_gemv_kernel, mx_mm_kernel
+from qlower.lowerings.kernels.triton.mx_kernels import (
+    E2M1,
+    E4M3,
+    E5M2,
+    FLOAT,
+    SPECIAL_INF,
+    SPECIAL_ZERO,
+    mx_gemv_kernel,
+    mx_mm_kernel,
+)
 from qlower.lowerings.kernels.triton.mx_launch import dense_bf16, launch_decode
 from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
+
+
+@dataclass(frozen=True)
+class Special:
+    """How e8m0 codes 0 and 255 decode, per operand: `SPECIAL_ZERO` (code 0 is 0.0) | `SPECIAL_INF` (code 255
+    is +inf) where the matched graph's decode departs from the OCP spec; 0: the spec's values."""
+
+    a: int = 0
+    w: int = 0
+
+    def __post_init__(self) -> None:
+        for bits in (self.a, self.w):
+            if bits & ~(SPECIAL_ZERO | SPECIAL_INF):
+                raise ValueError(
+                    f"e8m0 special flags {bits}: only SPECIAL_ZERO (1) and SPECIAL_INF (2) exist"
+                )
+
+
+SPEC = Special()
 
 
 @dataclass(frozen=True)
@@ -275,6 +306,7 @@ def launch(
     w_swizzled: bool,
     gate: Any = 1,
     dot_dtype: Optional[torch.dtype] = None,
+    special: Special = SPEC,
 ) -> None:
     """One kernel launch writing `out` [M, N]; `gate` (1, 0 or a 0/1 SymInt) scales the grid.
 
@@ -293,7 +325,8 @@ def launch(
         out.stride(0), out.stride(1),
     )  # fmt: skip
     common = dict(
-        A_FMT=a_fmt, W_FMT=w_fmt, A_SWZ=a_swizzled, W_SWZ=w_swizzled, HAS_BIAS=bias is not None,
+        A_FMT=a_fmt, W_FMT=w_fmt, A_SWZ=a_swizzled, W_SWZ=w_swizzled, A_SPECIAL=special.a, W_SPECIAL=special.w,
+        HAS_BIAS=bias is not None,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.kernel == "gemv":
@@ -319,29 +352,33 @@ def mx_linear(
     w_swizzled: bool,
     out_dtype: torch.dtype,
     host_branch: bool = False,
+    a_special: int = 0,
+    w_special: int = 0,
 ) -> torch.Tensor:
     """A [M, K] (float, or MX bytes with codes) @ W [N, K] (MX bytes, codes).T [+ bias] -> [M, N] out_dtype.
 
     Quantized tensors are uint8: fp8 bytes [R, K], packed e2m1 [R, K / 2], e8m0 codes [R, K / 32] (any
     strides) or the flat swizzled tensor. A symbolic M picks its kernel per M bucket: `host_branch` (no CUDA
     graphs, AOTInductor) with `torch.cond` on M (`_branch_on_m`: one launch per call), else with gated grids.
+    `a_special` / `w_special`: how each operand's e8m0 codes 0 and 255 decode (`Special`; 0: the OCP spec).
     """
     m, n = a.shape[0], w.shape[0]
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
+    sp = Special(a_special, w_special)
     if host_branch and not is_static(m):
-        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype)
+        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype, sp)
     words = _decode_words(a, w, a_fmt, w_fmt)
     if words is not None:
-        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts)
+        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts, sp)
     out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     if is_static(m):
-        launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts)
+        launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts, special=sp)
         return out
     small = pick_config(1, a_fmt, w_fmt)
     large = pick_config(1 << 20, a_fmt, w_fmt)
     on_small = torch.sym_max(0, torch.sym_min(1, GEMV_MAX_M + 1 - m))  # 1 iff m <= GEMV_MAX_M, no guard
-    launch(small, a, a_scale, w, w_scale, bias, out, *fmts, gate=on_small)
-    launch(large, a, a_scale, w, w_scale, bias, out, *fmts, gate=1 - on_small)
+    launch(small, a, a_scale, w, w_scale, bias, out, *fmts, gate=on_small, special=sp)
+    launch(large, a, a_scale, w, w_scale, bias, out, *fmts, gate=1 - on_small, special=sp)
     return out
 
 
@@ -353,6 +390,7 @@ def _branch_on_m(
     bias: Optional[torch.Tensor],
     fmts: tuple[int, int, bool, bool],
     out_dtype: torch.dtype,
+    sp: Special = SPEC,
 ) -> torch.Tensor:
     """The gated paths' buckets as leaves of `branch_on_m` (host `if`s on M), each one ungated launch."""
     a_fmt, w_fmt, _, w_swz = fmts
@@ -380,7 +418,9 @@ def _branch_on_m(
             if cfg is not None and cfg.kernel == "bf16dq":
 
                 def dense(a_, as_, w_, ws_, b_, cfg=cfg) -> torch.Tensor:
-                    out = dense_bf16(cfg, a_, _decode_words(a_, w_, a_fmt, w_fmt), ws_, b_, w_swz)
+                    out = dense_bf16(
+                        cfg, a_, _decode_words(a_, w_, a_fmt, w_fmt), ws_, b_, w_swz, w_special=sp.w
+                    )
                     return out if out.dtype == out_dtype else out.to(out_dtype)
 
                 leaves.append((hi, dense))
@@ -390,10 +430,10 @@ def _branch_on_m(
                 # rows: M itself (the gated path's M = 1 bucket passes rows=1 to keep its gated-off launch
                 # static; a leaf runs only at its own M, so its grid also empties at M = 0)
                 if cfg is None:
-                    launch(cur, a_, None, w_, ws_, b_, out, *fmts)
+                    launch(cur, a_, None, w_, ws_, b_, out, *fmts, special=sp)
                 else:
                     words = _decode_words(a_, w_, a_fmt, w_fmt)
-                    launch_decode(cfg, a_, words, ws_, b_, out, w_fmt, w_swz)
+                    launch_decode(cfg, a_, words, ws_, b_, out, w_fmt, w_swz, w_special=sp.w)
 
             leaves.append((hi, leaf(body)))
     else:
@@ -403,7 +443,7 @@ def _branch_on_m(
         ):
 
             def body(a_, as_, w_, ws_, b_, out, cfg=cfg) -> None:
-                launch(cfg, a_, as_, w_, ws_, b_, out, *fmts)
+                launch(cfg, a_, as_, w_, ws_, b_, out, *fmts, special=sp)
 
             leaves.append((hi, leaf(body)))
     return branch_on_m(leaves, (a, a_scale, w, w_scale, bias))
@@ -418,6 +458,7 @@ def _decode_or_current(
     bias: Optional[torch.Tensor],
     out_dtype: torch.dtype,
     fmts: tuple[int, int, bool, bool],
+    sp: Special = SPEC,
 ) -> torch.Tensor:
     """Weight-only MX: per M bucket the weight-only config (`pick_weight_only`) or the current kernel.
 
@@ -431,12 +472,14 @@ def _decode_or_current(
 
     def run(cfg: Optional[DecodeConfig], cur: MXConfig, out: torch.Tensor, gate: Any, rows: Any) -> None:
         if cfg is None:
-            launch(cur, a, None, w, w_scale, bias, out, *fmts, gate=gate)
+            launch(cur, a, None, w, w_scale, bias, out, *fmts, gate=gate, special=sp)
         else:
-            launch_decode(cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows)
+            launch_decode(
+                cfg, a, words, w_scale, bias, out, w_fmt, w_swz, gate=gate, rows=rows, w_special=sp.w
+            )
 
     def dense(cfg: DecodeConfig, gate: Any) -> torch.Tensor:
-        out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate)
+        out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate, w_special=sp.w)
         return out if out.dtype == out_dtype else out.to(out_dtype)
 
     if is_static(m):
@@ -487,6 +530,7 @@ def launch_config(
     w_swizzled: bool = False,
     out_dtype: Optional[torch.dtype] = None,
     dot_dtype: Optional[torch.dtype] = None,
+    special: Special = SPEC,
 ) -> torch.Tensor:
     """Eager launch with an explicit config (kernel tests, tuning sweeps).
 
@@ -497,7 +541,6 @@ def launch_config(
 
     out = torch.empty((a.shape[0], w.shape[0]), dtype=out_dtype or torch.bfloat16, device=w.device)
     with set_wrap_triton_enabled(False):
-        launch(
-            cfg, a, a_scale, w, w_scale, bias, out, a_fmt, w_fmt, a_swizzled, w_swizzled, dot_dtype=dot_dtype
-        )
+        fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
+        launch(cfg, a, a_scale, w, w_scale, bias, out, *fmts, dot_dtype=dot_dtype, special=special)
     return out
