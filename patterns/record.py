@@ -16,6 +16,18 @@ from qlower.patterns.graph_utils import tensor_val
 
 
 @dataclass(frozen=True)
+class ScaleCast:
+    """The record's scale is `source` (an fp32 tensor) rounded once to `dtype` (the matmul's dtype) by the
+    graph, through shape-only ops, on this linear's behalf alone: each node from the cast to the scale
+    multiply has that single use. A kernel given `source` and told to round it to `dtype` (round to nearest
+    even, as the graph's convert does) computes with the graph's very scale, and the cast dies. Compared
+    by dtypes only: records of two traces of one form compare equal (tests/test_woq_patterns.py `_facts`)."""
+
+    source: fx.Node = field(compare=False)
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
 class ActQuant:
     """The in-graph quantization of the activation (dynamic families); None for weight-only families.
 

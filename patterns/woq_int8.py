@@ -39,7 +39,7 @@ from qlower.patterns.graph_utils import (
     tensor_devices,
     tensor_val,
 )
-from qlower.patterns.record import Candidate, QuantLinear, Rejection
+from qlower.patterns.record import Candidate, QuantLinear, Rejection, ScaleCast
 
 FAMILY = "woq_int8"
 _MAX_WALK = 12
@@ -55,18 +55,6 @@ _SHAPE_OPS = (
     torch.ops.aten.expand.default,
 )
 _ROUNDED_DTYPES = (torch.bfloat16, torch.float16)  # what a kernel can round an fp32 scale to in registers
-
-
-@dataclass(frozen=True)
-class ScaleCast:
-    """The record's scale is `source` (an fp32 tensor) rounded once to `dtype` (the matmul's dtype) by the
-    graph, through shape-only ops, on this linear's behalf alone: each node from the cast to the scale
-    multiply has that single use. A kernel given `source` and told to round it to `dtype` (round to nearest
-    even, as the graph's convert does) computes with the graph's very scale, and the cast dies. Compared
-    by dtypes only: records of two traces of one form compare equal (tests/test_woq_patterns.py `_facts`)."""
-
-    source: fx.Node = field(compare=False)
-    dtype: torch.dtype
 
 
 @dataclass

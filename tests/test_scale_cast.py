@@ -2,7 +2,7 @@
 
 torchao `Int8WeightOnlyConfig` keeps the scale fp32 [N, 1] and its linear casts it to x's dtype on every call
 (`prims.convert_element_type(s, bf16)`, then a view): one extra small kernel per linear per call. The pattern
-records that rounding (`patterns.woq_int8.ScaleCast`); the CUDA emission hands the kernels the fp32 tensor and
+records that rounding (`patterns.record.ScaleCast`); the CUDA emission hands the kernels the fp32 tensor and
 `round_scale`, and they round it to x's dtype in registers (`int8_kernels.load_scale`): the graph's scale,
 and the cast dies. (`Int8DynamicActivationInt8WeightConfig` multiplies its fp32 scale in fp32: no cast there.)
 
@@ -28,8 +28,7 @@ from woq_models import assert_close_to_reference
 
 from qlower import testing
 from qlower.patterns import woq_int8
-from qlower.patterns.record import QuantLinear
-from qlower.patterns.woq_int8 import ScaleCast
+from qlower.patterns.record import QuantLinear, ScaleCast
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HAS_TRITON = importlib.util.find_spec("triton") is not None

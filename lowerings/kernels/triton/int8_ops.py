@@ -30,7 +30,7 @@ from qlower.lowerings.kernels.triton.woq_limbs import woq_limb_mm_kernel, x_limb
 def round_code(dtype: torch.dtype, round_scale: bool) -> int:
     """The kernels' ROUND_WS (`int8_kernels.load_scale`): 0 takes the scale as it is; 1 / 2 round an fp32
     scale to bf16 / fp16 first, as the graph's cast of torchao's fp32 scale did
-    (`patterns.woq_int8.ScaleCast`)."""
+    (`patterns.record.ScaleCast`)."""
     if not round_scale:
         return 0
     codes = {torch.bfloat16: 1, torch.float16: 2}
