@@ -1,12 +1,13 @@
 """Host cost of one quantized linear outside CUDA graphs (issue 18, item 4): wall time per call and CUDA kernels
 per call, qlower against stock Inductor on the same graph and bf16 `F.linear`.
 
-    python scripts/bench_host_cost.py [--shape 4096x4096] [--ms 2,4,16,64,300] [--calls 300]
+    python scripts/bench_host_cost.py [--shape 4096x4096] [--ms 2,4,16,64,300] [--calls 300] [--families mx]
 
 Per M, side by side in one process: qlower compiled for that static M; qlower compiled once with a symbolic M
 (`torch._dynamo.mark_dynamic` on the activation: the weights stay static), which picks its kernel with a host
 `if` on M; stock `torch.compile` with a symbolic M; bf16 `F.linear` eager and compiled with a symbolic M.
-Families: woq-int8 (gpt-fast formula) and dynamic-int8 (hand-written per-token quantize, `_int_mm`, rescale).
+Families: woq-int8 (gpt-fast formula), dynamic-int8 (hand-written per-token quantize, `_int_mm`, rescale) and
+MXFP4 weight-only (hand-written dequant, `qlower.quantize.mx_format`).
 Wall time: the mean of `--calls` back-to-back calls with one synchronize at the end (the host's rate: at these
 sizes the GPU waits for the host). Kernels: CUDA kernels of one call (profiler). "—": that variant raised (stock
 `_int_mm` refuses M <= 16 on CUDA).
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import qlower
+from qlower.quantize import mx_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dynamic_int8_forms import per_token  # noqa: E402  (the hand-written dynamic-int8 form the tests use)
@@ -38,6 +40,10 @@ def woq(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 def dyn(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     xq, sx = per_token(x)
     return (torch._int_mm(xq, w.t()) * sx * s).to(x.dtype)
+
+
+def mxfp4(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, mx_format.dequantize(w, s, "e2m1", x.dtype))
 
 
 def wall_us(fn: Callable[[], object], calls: int) -> float:
@@ -69,10 +75,13 @@ def cell(fn: Callable[[torch.Tensor], object], x: torch.Tensor, calls: int) -> s
 
 
 def family_rows(family: str, fn: Callable, k: int, n: int, ms: list[int], calls: int) -> list[str]:
-    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
-    scale_dtype = torch.bfloat16 if family == "woq_int8" else torch.float32
-    s = torch.rand(n, device="cuda", dtype=scale_dtype) / 127
     dense = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    if family == "mx":
+        w, s = mx_format.quantize(dense.float(), "e2m1")
+    else:
+        w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda")
+        scale_dtype = torch.bfloat16 if family == "woq_int8" else torch.float32
+        s = torch.rand(n, device="cuda", dtype=scale_dtype) / 127
     quantized = functools.partial(fn, w=w, s=s)
     unquantized = functools.partial(F.linear, weight=dense)
     torch._dynamo.reset()
@@ -97,6 +106,7 @@ def main() -> int:
     ap.add_argument("--shape", default="4096x4096", help="KxN")
     ap.add_argument("--ms", default="2,4,16,64,300")
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--families", default="woq_int8,dynamic_int8,mx", help="comma-separated")
     args = ap.parse_args()
     k, n = (int(v) for v in args.shape.split("x"))
     ms = [int(v) for v in args.ms.split(",")]
@@ -107,8 +117,9 @@ def main() -> int:
     print("| family | M | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 2) + "|")
     with torch.no_grad():
-        for family, fn in (("woq_int8", woq), ("dynamic_int8", dyn)):
-            family_rows(family, fn, k, n, ms, args.calls)
+        for family, fn in (("woq_int8", woq), ("dynamic_int8", dyn), ("mx", mxfp4)):
+            if family in args.families.split(","):
+                family_rows(family, fn, k, n, ms, args.calls)
     return 0
 
 

@@ -199,7 +199,7 @@ def test_dynamic_m_decode_buckets():
     branches of a host `if` on M), and every M computes the float64 result."""
     from torch._inductor.utils import run_and_get_code
 
-    # M 1-4 -> hfma, 5-64 -> mx_bf16 tiles, above: its dequantize (N < K)
+    # M 1-2 -> hfma, 3-64 -> mx_bf16 tiles, above: its dequantize (N < K)
     f, _ = _model(None, "e2m1", 1056, 4256)
     cf = _compiled(f, dynamic=True)
     for m in (2, 3, 9, 16, 17, 40, 64, 65, 130, 300):
@@ -233,7 +233,7 @@ def test_every_fp8_code_decodes_as_torch(elem, m):
     assert torch.equal(out.nan_to_num(), want.nan_to_num())
 
 
-@pytest.mark.parametrize("m", [1, 9, 40, 300])
+@pytest.mark.parametrize("m", [1, 3, 9, 40, 300])
 def test_mx_bf16_decodes_every_code_pair_exactly(m):
     """`mx_bf16`'s PTX decode, for every (e8m0 code, e2m1 code) pair: row r of the weight has scale code r,
     its bytes run through all 256 (every element code at every nibble). x = a one-hot row per K position
@@ -258,7 +258,7 @@ def cdiv_rows(m: int, k: int) -> int:
     "a_elem,w_elem,m,pref",
     [
         (None, "e2m1", 1, "AUTO"),  # the f16x2 GEMV
-        (None, "e2m1", 9, "AUTO"),  # `mx_bf16` tiles (M 5-16, then 33-64 below)
+        (None, "e2m1", 9, "AUTO"),  # `mx_bf16` tiles (M 3-16, then 33-64 below)
         (None, "e2m1", 40, "AUTO"),
         (None, "e2m1", 300, "AUTO"),  # `mx_bf16` dequantize + cuBLAS
         (None, "e4m3", 1, "AUTO"),  # the f16x2 GEMV, fp8 weights

@@ -262,7 +262,7 @@ def test_cuda_partial_block_and_high_nibble_take_the_emulation():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 8])  # the f16x2 GEMV (M <= 4) and the decode-and-dot kernel (M 5-16)
+@pytest.mark.parametrize("m", [1, 8])  # the f16x2 GEMV (M = 1) and a tile kernel (M = 8)
 @pytest.mark.parametrize("name", ["e8m0_255_to_zero", "e8m0_255_to_nan", "e8m0_unguarded", "e4m3_nan_to_num"])
 def test_cuda_special_codes(name, m):
     """On CUDA the kernels decode e8m0 codes 0 and 255 as the matched decode does (the record's special map,

@@ -441,7 +441,7 @@ def test_a_batch_bounded_below_the_crossover_builds_no_cublas_range(host_branch)
 @needs_triton
 def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
     """The same for `qlower::mx_linear` (MXFP4 weight-only, bf16 x): each M's leaf is its bucket's config
-    (`mx_ops.pick_weight_only`: the f16x2 GEMV to M = 4, `mx_bf16`'s tiles above, split-K with its reduce,
+    (`mx_ops.pick_weight_only`: the f16x2 GEMV to M = 2, `mx_bf16`'s tiles above, split-K with its reduce,
     then its dequantize kernel before cuBLAS), and the M = 1 leaf also serves M = 0 with an empty grid."""
     from qlower.lowerings.kernels.triton import mx_ops
 

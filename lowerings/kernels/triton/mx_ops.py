@@ -142,16 +142,23 @@ DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
 HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
-HF_FP4_M1 = replace(HF_WIDE, prefetch=True)  # fp4 at M=1 with N <= K (the prefetch run)
 HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
 HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
 
 
-def _m1(w_fmt: int, side: int) -> DecodeConfig:
-    """The M=1 config by weight format and the sign of N - K."""
-    if w_fmt == E2M1:  # with the 11-op decode, N > K runs best without prefetch (12.3 vs 13.0 us)
-        return HF_WIDE if side > 0 else HF_FP4_M1
-    return HF_WIDE if side > 0 else HF_FP8_M1_SQUARE if side == 0 else HF_FP8_M1_NARROW
+# MXFP4 at M = 1, with the kernels' special-code flags (2026-12-01, the hand-written form's +inf flag / no
+# flag; us): N <= K the square tile with prefetch, 15.7 / 15.1 at 14336->4096 and 6.2 / 6.3 at 4096^2 (the
+# wide prefetch tile before it: 19.8 / 15.4 and 6.9 / 5.9; the flag's non-finite recompute cost it 4.4 us
+# there); K < N < 2K the square tile without prefetch, 7.7 / 7.4 at 4096->6144 (wide 8.8 / 8.3); N >= 2K the
+# wide tile, 12.9 / 12.5 at 4096->14336 (square 14.3 / 13.8). bf16 F.linear 31.6 | 12.5 | 16.1 | 30.4.
+HF_FP4_M1_SQUARE = HF_FP8_M1_SQUARE  # replace(HF_SQUARE, prefetch=True)
+
+
+def _m1(w_fmt: int, k: int, n: int) -> DecodeConfig:
+    """The M=1 config by weight format and the ratio of N to K."""
+    if w_fmt == E2M1:
+        return HF_WIDE if n >= 2 * k else HF_SQUARE if n > k else HF_FP4_M1_SQUARE
+    return HF_WIDE if n > k else HF_FP8_M1_SQUARE if n == k else HF_FP8_M1_NARROW
 
 
 HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
@@ -177,7 +184,7 @@ _KN = ((4096, 14336), (4096, 4096), (14336, 4096))
 # (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps. Keyed by device in
 # DECODE_TUNED (tuned.py).
 DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
-    **{(f, 1, k, n): _m1(f, (n > k) - (n < k)) for f in (E2M1, E4M3) for k, n in _KN},
+    **{(f, 1, k, n): _m1(f, k, n) for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
     **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
@@ -187,7 +194,12 @@ DECODE_TUNED = TunedTable("mx", "python scripts/bench_mx.py --sweep --out <scrat
 _BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
 
-# MXFP4 weights with bf16 x from M = 5 (`mx_bf16`: e2m1 straight to scaled bf16, no convert instructions).
+# MXFP4 weights with bf16 x from M = 3 (`mx_bf16`: e2m1 straight to scaled bf16, no convert instructions).
+# M = 3..4 (2026-12-01, 16-row tiles against `mx_hfma`, with the +inf flag of the hand-written form; us at
+# 4096^2 | 4096->14336 | 14336->4096 | 4096->6144 | 4096->28672, bf16 F.linear 13.2 | 29.9 | 31.9 | 15.9 |
+# 55.1): the M16 configs 10.6 | 23.6 | 24.9 | 13.2 | 41.4 against the hfma 4-row / 2-row GEMV 11.2 | 36.4 |
+# 32.1 | 15.2 | 60.8. At M = 2 the hfma GEMV stays: 8.2 | 20.2 | 20.8 | 10.8 | 36.4 against 10.7 | 23.4 |
+# 24.7 | 13.3 | 41.2.
 # Measured on the H200 (GPU time, 8 rotating weight sets, 2026-12-01, a sweep of tiles, split-K and swap-AB
 # per M; BENCHMARKS.md "MXFP4 weight-only"), us at 4096^2 | 4096->14336 | 14336->4096, bf16 F.linear in
 # brackets:
@@ -201,6 +213,7 @@ _BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 #   M=256 / 2048 (17.3 | 42.4 | 46.3 / 83.0 | 291 | 282): dequantize (`mx_bf16_dequant_kernel` n32 kw32: 11.3 |
 #        42.4 | 42.2 us for the weight alone) then cuBLAS: 27.0 | 86.1 | 91.0 / 94.2 | 332 | 320 (the MX tile
 #        kernel before: 109 | 383 | 354 / 244 | 857 | 902).
+BF16_MIN_M = 3
 BF16_MM_MAX_M = 128
 _MM = dict(num_warps=4, num_stages=3)
 BF16_M16_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=16, split_k=4, **_MM)
@@ -212,20 +225,20 @@ BF16_M64_NARROW = DecodeConfig(
 )
 BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=128, swap_ab=True, **_MM)
 BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=32, block_kw=32, num_warps=4, num_stages=1)
-_BF16_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 16), (17, 32), (33, 64), (65, 128), (129, None))
+_BF16_BUCKETS = ((1, 1), (2, 2), (3, 16), (17, 32), (33, 64), (65, 128), (129, None))
 
 
 def bf16_decodes(x_dtype: torch.dtype, w_fmt: int) -> bool:
-    """Whether `mx_bf16` serves this call from M = 5 on: e2m1 weights, bf16 x, compiled Triton (inline PTX)."""
+    """Whether `mx_bf16` serves this call from M = 3 on: e2m1 weights, bf16 x, compiled Triton (inline PTX)."""
     return w_fmt == E2M1 and x_dtype == torch.bfloat16 and not interpreted()
 
 
 def pick_weight_only(
     m: int, w_fmt: int, k: int, n: int, x_dtype: torch.dtype, device: Optional[str] = None
 ) -> Optional[DecodeConfig]:
-    """The weight-only config at M = m: `mx_bf16`'s above M = 4 where it serves (`bf16_decodes`; "bf16dq":
+    """The weight-only config at M = m: `mx_bf16`'s above M = 2 where it serves (`bf16_decodes`; "bf16dq":
     dequantize, then cuBLAS, where that measured faster), else `pick_decode`'s (None: the MX tile kernel)."""
-    if bf16_decodes(x_dtype, w_fmt) and m > 4:
+    if bf16_decodes(x_dtype, w_fmt) and m >= BF16_MIN_M:
         wide = n > k
         if m <= 16:
             return BF16_M16_WIDE if n >= k else BF16_M16_NARROW
@@ -250,7 +263,7 @@ def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
         return None
     side = (n > k) - (n < k)
     if m == 1:
-        return _m1(w_fmt, side)
+        return _m1(w_fmt, k, n)
     if m == 2:
         return HF_M2[w_fmt, side]
     if m <= 4:
