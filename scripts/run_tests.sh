@@ -5,4 +5,8 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e '.[test]'
-exec .venv/bin/pytest "$@"
+# One pytest worker per core (at most 4): most of the suite's time is single-threaded compilation. `loadfile`
+# keeps each test file on one worker, so a module's compiled fixtures are built once.
+workers=$(nproc 2>/dev/null || echo 2)
+workers=${QLOWER_TEST_WORKERS:-$(( workers > 4 ? 4 : workers ))}
+exec .venv/bin/pytest -n "$workers" --dist loadfile "$@"
