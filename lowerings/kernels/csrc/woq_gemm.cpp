@@ -59,6 +59,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -897,6 +898,9 @@ TORCH_LIBRARY_IMPL(qlower, CompositeExplicitAutograd, m) {
 
 using V = Isa::V;
 constexpr int W = Isa::W;
+constexpr int64_t kLineBytes = 64;
+static_assert(kLineBytes % W == 0, "an int8 row's cache line holds whole vector steps");
+constexpr int kNextTileLocality = 2;  // __builtin_prefetch: into L2 (prefetcht1)
 
 inline V load_b(const int8_t* p) {
   return Isa::load_i8(p);
@@ -926,6 +930,10 @@ inline V round_v(DType dt, V v) {
 }
 
 // c[i * ldc + j] += sum_k a[i][k] * b[j][k]: fp32 A rows, B rows of int8 (converted here) or of fp32.
+// Int8 B rows are the direct path's, read straight from the weight: each line of the next NR rows (the next
+// tile's, adjacent in memory) is prefetched into L2 while this tile reads the same offset of its own. At
+// K = 4096 each int8 row is one 4 KiB page, short for the hardware prefetcher to ramp up on. On the AVX2 EPYC
+// it made M = 4 10-25 % faster and left M = 1 unchanged within noise (BENCHMARKS.md, "CPU, woq_int8").
 template <int MR, int NR, class BT>
 void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, float* c, int64_t ldc) {
   const float* a = static_cast<const float*>(a_);
@@ -940,6 +948,14 @@ void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, 
   }
   const int64_t kv = kc / W * W;
   for (int64_t k = 0; k < kv; k += W) {
+    if constexpr (std::is_same_v<BT, int8_t>) {
+      if (k % kLineBytes == 0) {  // once per cache line of each row (W divides the line)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          __builtin_prefetch(b + (NR + j) * ldb + k, 0, kNextTileLocality);
+        }
+      }
+    }
     V bv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
