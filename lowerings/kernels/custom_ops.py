@@ -103,8 +103,26 @@ def _(x: torch.Tensor, w: torch.Tensor, w_is_kn: bool) -> torch.Tensor:
 int8_weight_mm = torch.ops.qlower.int8_weight_mm.default
 
 
-@torch.library.custom_op("qlower::woq_int8_gemm", mutates_args=())
-def _woq_int8_gemm(
+# qlower::woq_int8_gemm: x [M, K] @ w_nk int8 [N, K].T on CPU with the int8 -> float conversion inside the
+# GEMM's K loop, in the graph's own arithmetic: fp32 sums rounded to x's dtype, then `* scale` (fp32, rounded to
+# `out_dtype`) and `+ bias`; with `scale_on_weight` the weight is `round(w * scale)` as `w.to(dtype) * s` rounds
+# it instead. w_nk may be a transposed view of a [K, N] weight. The C++ kernel is
+# lowerings/kernels/csrc/woq_gemm.cpp (the same in libqlower_ops.so for AOTInductor).
+#
+# Defined with a Library, not `torch.library.custom_op`: loading the in-process library
+# (lowerings/kernels/native.py) registers the C++ kernel as this op's CPU kernel, so a compiled graph's call
+# reaches C++ through the dispatcher alone. custom_op's Python kernels (autograd, ADInplaceOrView, the checked
+# backend wrapper) cost 30-35 us per call on the 2-core CI CPU (40 against 11 us for a 64x64 call, a scratch
+# probe), which is as long as a small layer's GEMM. The Python kernel below serves calls made before the
+# library is loaded (say, a graph from Inductor's cache): it loads it, and later calls skip Python.
+_WOQ_GEMM_LIB = torch.library.Library("qlower", "FRAGMENT")
+_WOQ_GEMM_LIB.define(
+    "woq_int8_gemm(Tensor x, Tensor w_nk, Tensor? scale, Tensor? bias, bool scale_on_weight, "
+    "ScalarType out_dtype) -> Tensor"
+)
+
+
+def _woq_int8_gemm_loading(
     x: torch.Tensor,
     w_nk: torch.Tensor,
     scale: torch.Tensor | None,
@@ -112,20 +130,15 @@ def _woq_int8_gemm(
     scale_on_weight: bool,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """x [M, K] @ w_nk int8 [N, K].T on CPU with the int8 -> float conversion inside the GEMM's K loop, in the
-    graph's own arithmetic: fp32 sums rounded to x's dtype, then `* scale` (fp32, rounded to `out_dtype`) and
-    `+ bias`; with `scale_on_weight` the weight is `round(w * scale)` as `w.to(dtype) * s` rounds it instead.
-
-    The C++ kernel is lowerings/kernels/csrc/woq_gemm.cpp (the same in libqlower_ops.so for AOTInductor),
-    called through the in-process library of lowerings/kernels/native.py (built at first use). w_nk may be a
-    transposed view of a [K, N] weight.
-    """
     from qlower.lowerings.kernels import native
 
     return native.ops().woq_int8_gemm(x, w_nk, scale, bias, scale_on_weight, out_dtype)
 
 
-@_woq_int8_gemm.register_fake
+_WOQ_GEMM_LIB.impl("woq_int8_gemm", _woq_int8_gemm_loading, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("qlower::woq_int8_gemm")
 def _(
     x: torch.Tensor,
     w_nk: torch.Tensor,

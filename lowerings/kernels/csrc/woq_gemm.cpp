@@ -878,14 +878,19 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
 }  // namespace qlower
 
 #ifdef QLOWER_IN_PROCESS
-// libqlower_native.so: qlower's Python op calls these (lowerings/kernels/native.py); a private namespace, so
-// it never meets the `qlower` registrations of qlower's Python or of libqlower_ops.so.
+// libqlower_native.so (lowerings/kernels/native.py): its ops live in a private namespace, so they never meet
+// the `qlower` definitions of libqlower_ops.so; in `qlower` it only adds the CPU kernel below.
 TORCH_LIBRARY(qlower_native, m) {
   m.def(
       "woq_int8_gemm(Tensor x, Tensor w_nk, Tensor? scale, Tensor? bias, bool scale_on_weight, "
       "ScalarType out_dtype) -> Tensor",
       TORCH_FN(qlower::woq_int8_gemm));
   m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
+}
+// qlower::woq_int8_gemm's CPU kernel in qlower's own process (its schema and first-call Python kernel:
+// lowerings/kernels/custom_ops.py): compiled graphs call it without a Python frame.
+TORCH_LIBRARY_IMPL(qlower, CPU, m) {
+  m.impl("woq_int8_gemm", TORCH_FN(qlower::woq_int8_gemm));
 }
 #else
 // libqlower_ops.so: the schema is generated from the Python registration (lowerings/aoti/build.py).
