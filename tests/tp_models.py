@@ -466,12 +466,17 @@ def worker(rank: int, port: int, cases: list[str], out_dir: str) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # Each rank its own Inductor cache folder: the two ranks' shards have the same shapes, so their AOTInductor
+    # compiles share cache keys, and one rank read a file the other was still writing ("parse error ...
+    # empty input" loading the package, seen once under CI's two pytest workers)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor_rank{rank}")
     torch.set_num_threads(1)  # two ranks on the CI's two cores
     torch._inductor.config.compile_threads = 1
     torch._inductor.config.fx_graph_cache = False  # every case runs qlower's pass (a cache hit would not)
     torch._functorch.config.enable_autograd_cache = False
-    # a collective whose peer died fails after this long instead of hanging
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    # a collective whose peer died fails after this long instead of hanging (long enough for a peer still
+    # compiling on cores another pytest worker shares: 120 s timed out once there)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=400))
     results: dict[str, Result] = {}
     try:
         for case in cases:
