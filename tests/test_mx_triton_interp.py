@@ -167,10 +167,9 @@ def test_decode_table_matches_rules():
             got = ops.pick_decode(mm, w_fmt, k, n)  # BITS-decoded when TRITON_INTERPRET is set here
             assert (got and dataclasses.replace(got, decode=CVT)) == cfg
     assert ops.decode_rule(1, ops.E2M1, 8192, 28672) == ops.HF_WIDE  # fp4, M=1, N > K: no prefetch, no split
-    assert ops.decode_rule(1, ops.E2M1, 8192, 8192) == ops.HF_FP4_M1_SQUARE  # fp4, M=1, N = K: prefetch
-    assert (
-        ops.decode_rule(1, ops.E2M1, 4096, 6144) == ops.HF_SQUARE
-    )  # fp4, M=1, K < N < 2K: square, no prefetch
+    assert ops.decode_rule(1, ops.E2M1, 8192, 8192) == ops.HF_SQUARE_PF  # fp4, M=1, N = K: prefetch
+    # fp4, M=1, K < N < 2K: the square tile, no prefetch
+    assert ops.decode_rule(1, ops.E2M1, 4096, 6144) == ops.HF_SQUARE
     assert (
         ops.decode_rule(1, ops.E2M1, 8192, 1024).prefetch
         and ops.decode_rule(1, ops.E2M1, 8192, 1024).split_k == 1

@@ -2,8 +2,9 @@
 
 Why a library of its own: `libqlower_ops.so` defines the `qlower` namespace, which qlower's Python also
 defines, so the two must never meet in one process (lowerings/aoti/build.py). The native library registers
-the same kernels (lowerings/kernels/csrc/woq_gemm.cpp) under the private namespace `qlower_native` instead;
-qlower's Python ops call them there. It is built in a child process (lowerings/kernels/cpp_build.py,
+the same kernels (lowerings/kernels/csrc/woq_gemm.cpp) under the private namespace `qlower_native` instead,
+and in `qlower` only the CPU kernel of `qlower::woq_int8_gemm`, whose schema qlower's Python defines
+(lowerings/kernels/custom_ops.py). It is built in a child process (lowerings/kernels/cpp_build.py,
 `native_library`), cached on disk by content, and loaded once per process.
 """
 

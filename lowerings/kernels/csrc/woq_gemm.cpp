@@ -59,11 +59,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__GNUC__) && defined(__x86_64__)

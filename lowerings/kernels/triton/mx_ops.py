@@ -142,7 +142,7 @@ DECODE_MAX_M = 16
 HF_WIDE = DecodeConfig("hfma", CVT, block_n=16, block_kw=128, num_warps=4, num_stages=1)
 HF_SQUARE = replace(HF_WIDE, block_n=8, block_kw=256)
 HF_FP8_M1_NARROW = replace(HF_SQUARE, split_k=2)  # fp8, K > N, M=1
-HF_FP8_M1_SQUARE = replace(HF_SQUARE, prefetch=True)
+HF_SQUARE_PF = replace(HF_SQUARE, prefetch=True)  # M=1: fp8 at N = K, fp4 at N <= K
 HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
 
 
@@ -151,14 +151,13 @@ HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, 
 # wide prefetch tile before it: 19.8 / 15.4 and 6.9 / 5.9; the flag's non-finite recompute cost it 4.4 us
 # there); K < N < 2K the square tile without prefetch, 7.7 / 7.4 at 4096->6144 (wide 8.8 / 8.3); N >= 2K the
 # wide tile, 12.9 / 12.5 at 4096->14336 (square 14.3 / 13.8). bf16 F.linear 31.6 | 12.5 | 16.1 | 30.4.
-HF_FP4_M1_SQUARE = HF_FP8_M1_SQUARE  # replace(HF_SQUARE, prefetch=True)
 
 
 def _m1(w_fmt: int, k: int, n: int) -> DecodeConfig:
     """The M=1 config by weight format and the ratio of N to K."""
     if w_fmt == E2M1:
-        return HF_WIDE if n >= 2 * k else HF_SQUARE if n > k else HF_FP4_M1_SQUARE
-    return HF_WIDE if n > k else HF_FP8_M1_SQUARE if n == k else HF_FP8_M1_NARROW
+        return HF_WIDE if n >= 2 * k else HF_SQUARE if n > k else HF_SQUARE_PF
+    return HF_WIDE if n > k else HF_SQUARE_PF if n == k else HF_FP8_M1_NARROW
 
 
 HF_M2 = {  # (w_fmt, sign of N - K) -> config at M=2
