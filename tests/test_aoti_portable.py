@@ -1,12 +1,13 @@
 """AOTInductor packages that call qlower's C shims load wherever they are copied.
 
-One package (woq-int8, dynamic batch: its wrapper calls `aoti_torch_cpu_woq_int8_mm_by_m`) is exported with
-a private qlower cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
+Two packages (woq-int8, dynamic batch: one wrapper calls `aoti_torch_cpu_woq_int8_mm_by_m`, the other
+`aoti_torch_cpu_woq_int8_gemm`, whose kernel is compiled into the package) are exported with a private qlower
+cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
 then runs in a fresh process, in that folder, with `QLOWER_CACHE_DIR` pointing at a new empty directory:
 - with `import qlower` (its Python kernels serve the ops);
 - without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the recipe in docs/aoti.md).
-Both match eager at M = 1 (packed kernel) and M = 300 (dequant + GEMM). One AOTI compile on CPU; on CUDA
-(gpu) one per family, loaded with `import qlower`.
+Both match eager at M = 1 and M = 300 (the by-M op's packed kernel and dequant + GEMM). Two AOTI compiles
+on CPU; on CUDA (gpu) one per family, loaded with `import qlower`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aoti_cuda import needs_cuda_package_load
+from cpu_woq_choice import with_woq_gemm, without_woq_gemm
 from test_aoti_export import quantized_mlp
 from torch import nn
 
@@ -33,7 +35,9 @@ from qlower.lowerings.aoti import cli
 BF16 = torch.bfloat16
 K, N = 512, 256
 SIZES = (1, 300)  # either side of the CPU by-M crossover (64)
-SHIM = "aoti_torch_cpu_woq_int8_mm_by_m"
+# The package's one qlower op: the by-M op's shim calls the dispatcher, woq_int8_gemm's the kernel compiled
+# into the package (lowerings/kernels/cpp_build.py, DIRECT_KERNELS).
+OPS = ("woq_int8_mm_by_m", "woq_int8_gemm")
 
 
 class Int8Linear(nn.Module):
@@ -54,6 +58,11 @@ class Moved:
     report: qlower.Report
     wrapper: str
     export_cache: Path  # deleted
+    op: str = ""  # the qlower op its wrapper calls (OPS)
+
+    @property
+    def shim(self) -> str:
+        return f"aoti_torch_cpu_{self.op}"
 
 
 def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: bool = False) -> Moved:
@@ -86,12 +95,17 @@ def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: 
     return Moved(folder, report, wrapper, export_cache)
 
 
-@pytest.fixture(scope="module")
-def moved(tmp_path_factory) -> Moved:
+@pytest.fixture(scope="module", params=list(OPS))
+def moved(request, tmp_path_factory) -> Moved:
+    """The package calling OPS[param]: AUTO's choice pinned, since it depends on the CPU's ISA level."""
     torch.manual_seed(0)
     model = Int8Linear(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=BF16) / 64)
     x = torch.randn(8, K, dtype=BF16)
-    return export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library=True)
+    with pytest.MonkeyPatch.context() as mp:
+        (with_woq_gemm if request.param == "woq_int8_gemm" else without_woq_gemm)(mp)
+        moved = export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library=True)
+    moved.op = request.param
+    return moved
 
 
 def run_fresh(moved: Moved, script: str, tmp_path: Path) -> list[torch.Tensor]:
@@ -137,8 +151,8 @@ def _elf(args: list[str], path: Path) -> str:
 
 
 def test_the_package_calls_qlower_through_its_c_shim(moved):
-    assert [d.lowering for d in moved.report.lowered] == ["qlower.woq_int8_mm_by_m"], moved.report.table()
-    assert f"AOTI_TORCH_ERROR_CODE_CHECK({SHIM}(" in moved.wrapper
+    assert [d.lowering for d in moved.report.lowered] == [f"qlower.{moved.op}"], moved.report.table()
+    assert f"AOTI_TORCH_ERROR_CODE_CHECK({moved.shim}(" in moved.wrapper
     assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
 
 
@@ -184,8 +198,23 @@ except RuntimeError as e:
 """
 
 
-def test_without_registered_ops_the_package_raises_naming_the_op(moved):
-    """Neither `import qlower` nor the ops library: an exception that names the op, never a crash."""
+_NEITHER_SERVED = """
+import sys
+sys.modules["qlower"] = None
+import torch
+runner = torch._inductor.aoti_load_package("model.pt2")
+with torch.no_grad():
+    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
+print("ok")
+"""
+
+
+def test_without_registered_ops_the_package_raises_naming_the_op(moved, tmp_path):
+    """Neither `import qlower` nor the ops library: an exception that names the op, never a crash; a package
+    whose op has a kernel of its own inside (woq_int8_gemm) serves anyway."""
+    if moved.op == "woq_int8_gemm":
+        assert_matches_eager(moved, run_fresh(moved, _NEITHER_SERVED, tmp_path))
+        return
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_NEITHER)],
         cwd=moved.folder,
@@ -194,7 +223,7 @@ def test_without_registered_ops_the_package_raises_naming_the_op(moved):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Could not find schema for qlower::woq_int8_mm_by_m" in proc.stdout, proc.stdout[-2000:]
+    assert f"Could not find schema for qlower::{moved.op}" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_path):
@@ -203,9 +232,9 @@ def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_
     dynamic = _elf(["readelf", "-d"], so)
     assert "qlower" not in dynamic, dynamic  # no NEEDED libqlower_*, no RPATH/RUNPATH into a qlower cache
     assert str(moved.export_cache) not in so.read_bytes().decode("latin-1")
-    assert f" {SHIM}\n" in _elf(["nm", "--defined-only"], so)
+    assert f" {moved.shim}\n" in _elf(["nm", "--defined-only"], so)
     # hidden: another package's copy of the same shim (or a loaded shim library) cannot take its place
-    assert f" {SHIM}\n" not in _elf(["nm", "-D", "--defined-only"], so)
+    assert f" {moved.shim}\n" not in _elf(["nm", "-D", "--defined-only"], so)
 
 
 @pytest.mark.gpu

@@ -207,7 +207,9 @@ def test_cpu_library_is_built_from_the_cli_output(tmp_path):
     """The library AOTInductor links on cpu (tests/test_aoti_export.py) is compiled from exactly these files."""
     assert cli.main(["shims", "--device", "cpu", "--out", str(tmp_path)]) == 0
     lib = build.shim_library("cpu")
-    for name in ("qlower_c_shim_cpu.h", "qlower_c_shim_cpu.cpp"):
+    written = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".h", ".cpp"))
+    assert written == ["qlower_c_shim_cpu.cpp", "qlower_c_shim_cpu.h", "qlower_kernel_woq_gemm.cpp"]
+    for name in written:
         assert (lib.path.parent / name).read_text() == (tmp_path / name).read_text()
     exported = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True, text=True)
     table = json.loads((tmp_path / "custom_ops_to_c_shims_cpu.json").read_text())

@@ -8,6 +8,7 @@ calls its C shim, and the package runs on libqlower_ops.so in a process without 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_woq_choice import with_woq_gemm
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -221,7 +223,14 @@ def test_preference_table_holds_m_ranges(monkeypatch):
     monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "avx2")
     assert prefers(_linear(dynamic_m)) is None and prefers(_linear(1024)) is None
     assert prefers(_linear(128, FP32)) is None and prefers(_linear(129, FP32)) is not None
-    assert prefers(_linear(1, k=1024, n=1024)) is not None  # below WOQ_GEMM_MIN_WEIGHT
+    # avx2's small weights: every M from K*N = 2^19; below, M > PACKED_MAX_M (and a dynamic M) only
+    assert prefers(_linear(1, k=1024, n=512)) is None and prefers(_linear(16, k=128, n=128)) is None
+    assert "WOQ_GEMM_SMALL_PACKED" in prefers(_linear(1, k=512, n=512))
+    assert "WOQ_GEMM_SMALL_PACKED" in prefers(_linear(8, k=128, n=128))
+    assert prefers(_linear(9, k=128, n=128)) is None and prefers(_linear(dynamic_m, k=512, n=512)) is None
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "avx512_bf16")  # no small-weight entry: 2^22
+    assert "WOQ_GEMM_MIN_WEIGHT" in prefers(_linear(16, k=1024, n=2048))
+    assert prefers(_linear(4, k=2048, n=2048)) is None  # the (0, 4) patched above
 
 
 def test_forced_isa_is_checked(monkeypatch):
@@ -260,10 +269,8 @@ def package(tmp_path_factory):
     test holds on every CPU."""
     model = GptFast().eval()
     x = torch.randn(4, K, dtype=BF16)
-    key = (cpu_lowerings.cpu_woq_isa(), BF16)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, key, cpu_lowerings.WOQ_GEMM_EVERY_M)
-        mp.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT", 0)
+        with_woq_gemm(mp)
         qlower.clear_reports()
         ep = torch.export.export(model, (x,))
         path = str(tmp_path_factory.mktemp("woq_gemm") / "model.pt2")
@@ -302,6 +309,48 @@ for args, want in data["calls"]:
 assert not any(m == "qlower" or m.startswith("qlower.") for m in sys.modules)
 print("ok")
 """
+
+
+_NEITHER = """
+import sys
+sys.modules["qlower"] = None  # any import of qlower fails
+import torch
+data = torch.load(sys.argv[2])
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+torch.testing.assert_close(runner(data["x"]), data["want"], atol=0, rtol=0)
+assert not hasattr(torch.ops.qlower, "woq_int8_gemm")  # no registration: the package's own copy ran
+print("ok")
+"""
+
+
+def test_package_runs_its_own_copy_of_the_kernel(package, tmp_path):
+    """The package's shim calls the kernel compiled into its wrapper, not the dispatcher: it runs with
+    neither qlower's Python nor the ops library, bit for bit as in-process, and builds nothing."""
+    model, x, path, _ = package
+    runner = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        want = runner(x)
+    data = tmp_path / "data.pt"
+    torch.save({"x": x, "want": want}, data)
+    empty = tmp_path / "empty_cache"
+    empty.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_NEITHER), path, str(data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "QLOWER_CACHE_DIR": str(empty)},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    assert not list(empty.iterdir())
+    with zipfile.ZipFile(path) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".so")]
+        so = z.extract(name, tmp_path)
+    kernel = "_ZN6qlower13woq_int8_gemm"  # qlower::woq_int8_gemm(...), mangled
+    defined = subprocess.run(["nm", "--defined-only", so], capture_output=True, text=True, check=True).stdout
+    exported = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True, check=True)
+    assert kernel in defined and kernel not in exported.stdout  # inside, hidden from other libraries
 
 
 def test_package_and_op_run_on_the_cpp_ops_library_without_qlower(package, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_woq_choice import with_woq_gemm, without_woq_gemm
 from torch import nn
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
@@ -24,11 +25,12 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 K, N = 256, 128
 SCALES = (1.0, 256.0, 1024.0, 4096.0)
 MS = (1, 4, 16, 64)
-PACKED, BY_M, SCRATCH, DEQUANT = (
+PACKED, BY_M, SCRATCH, DEQUANT, GEMM = (
     "aten._weight_int8pack_mm",
     "qlower.woq_int8_mm_by_m",
     "qlower.int8_weight_mm",
     "dequant_mm",
+    "qlower.woq_int8_gemm",
 )
 
 
@@ -64,9 +66,11 @@ def _x(model: GptFast, m: int, scale: float, seed: int, peak: float = 3e4) -> to
     return (x0 * (peak / y0)).to(FP16).to(model.w.device)
 
 
-# name -> (kernel_preference, PACKED_MAX_M[fp16], SCRATCH_MIN_BYTES, lowering at static M=1 / M>1 / dynamic)
+# name -> (kernel_preference, PACKED_MAX_M[fp16], SCRATCH_MIN_BYTES, lowering at static M=1 / M>1 / dynamic).
+# qlower.woq_int8_gemm is AUTO's choice only in "woq_gemm"; the others take it out (tests/cpu_woq_choice.py).
 CPU_LOWERINGS = {
     "auto": (qlower.KernelPreference.AUTO, None, None, (PACKED, DEQUANT, BY_M)),
+    "woq_gemm": (qlower.KernelPreference.AUTO, None, None, (GEMM, GEMM, GEMM)),
     "emulated": (qlower.KernelPreference.EMULATED, None, None, (DEQUANT, DEQUANT, DEQUANT)),
     "packed": (qlower.KernelPreference.ATEN, 64, None, (PACKED, PACKED, BY_M)),  # by_m: packed at every M
     "scratch": (qlower.KernelPreference.ATEN, 0, 0, (SCRATCH, SCRATCH, BY_M)),  # by_m: int8_weight_mm always
@@ -79,6 +83,7 @@ def force(monkeypatch):
 
     def apply(name: str) -> qlower.KernelPreference:
         pref, packed_max_m, scratch_min, _ = CPU_LOWERINGS[name]
+        (with_woq_gemm if name == "woq_gemm" else without_woq_gemm)(monkeypatch)
         if packed_max_m is not None:
             monkeypatch.setitem(cpu_lowerings.PACKED_MAX_M, FP16, packed_max_m)
         if scratch_min is not None:
@@ -212,6 +217,8 @@ def _weight_side_x(m: int, seed: int) -> torch.Tensor:
         ("auto", 1, False),
         ("auto", 16, False),
         ("auto", 4, True),
+        ("woq_gemm", 16, False),
+        ("woq_gemm", 4, True),
         ("scratch", 1, False),
         ("scratch", 16, False),
     ],
@@ -235,8 +242,11 @@ def test_weight_side_scale_overflows_like_eager(lowering, m, dynamic, force):
         out, eager = compiled(x), model(x)
     assert_close_to_reference(out, eager, x.double() @ (model.w.double() * 256.0).t())
     (d,) = qlower.last_report().entries
-    assert d.lowering == (DEQUANT if lowering == "auto" else SCRATCH), qlower.last_report().table()
-    assert "scales the weight in fp16" in d.reason  # why the packed kernels were passed over
+    assert d.lowering == {"auto": DEQUANT, "woq_gemm": GEMM}.get(lowering, SCRATCH), (
+        qlower.last_report().table()
+    )
+    if lowering != "woq_gemm":
+        assert "scales the weight in fp16" in d.reason  # why the packed kernels were passed over
 
 
 class NumberScaleOnWeight(nn.Module):
@@ -273,8 +283,9 @@ def test_weight_side_number_scale_is_checked_at_compile_time(scale, dtype, lower
         assert_close_to_reference(out, eager, ref)
 
 
-def test_dequant_mm_code_scales_the_result_not_the_weight():
+def test_dequant_mm_code_scales_the_result_not_the_weight(monkeypatch):
     """The emitted code: the int8 -> fp16 conversion alone feeds the GEMM; the scale is in its epilogue."""
+    without_woq_gemm(monkeypatch)
     model = GptFast()
     model.s.fill_(1024.0)
     x = _x(model, 16, 1024.0, seed=0)

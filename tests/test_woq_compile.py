@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from cpu_woq_choice import without_woq_gemm
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 from woq_models import WoqLinear, assert_close_to_reference
@@ -38,7 +39,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("form,dtype,sdtype,bias,shape,lowering", CASES)
-def test_numerics_and_code(form, dtype, sdtype, bias, shape, lowering):
+def test_numerics_and_code(form, dtype, sdtype, bias, shape, lowering, monkeypatch):
+    without_woq_gemm(
+        monkeypatch
+    )  # the lowerings AUTO picks among without it (its tests: test_cpu_woq_gemm.py)
     model = WoqLinear(64, 48, dtype, form=form, bias=bias, scale_dtype=sdtype)
     x = torch.randn(shape, dtype=dtype)
     (out,), code, report = compile_and_run(model, x)
@@ -93,7 +97,8 @@ def test_scratch_grows_and_is_per_thread():
     assert other[0] != big.data_ptr() and small.numel() == 64
 
 
-def test_dynamic_m_switches_kernel_at_run_time():
+def test_dynamic_m_switches_kernel_at_run_time(monkeypatch):
+    without_woq_gemm(monkeypatch)
     model = WoqLinear(64, 48, BF16)
     xs = [torch.randn(2, m, 64, dtype=BF16) for m in (1, 3, 70)]  # M = 2, 6, 140: both sides of 64
     outs, code, report = compile_and_run(model, *xs, dynamic=True)
@@ -258,10 +263,11 @@ def test_torchao_large_weight_uses_the_reused_buffer(monkeypatch):
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_fp32_scale_is_applied_in_fp32_as_eager_does(dynamic):
+def test_fp32_scale_is_applied_in_fp32_as_eager_does(dynamic, monkeypatch):
     """bf16 x with an fp32 scale: eager rounds the mm to bf16, then multiplies by the fp32 scale. The packed
     kernel takes its scale in x's dtype, so qlower gives it ones and scales its output in fp32: the same
     arithmetic, not an fp32 scale rounded to bf16 first (found by scripts/fuzz_compile.py)."""
+    without_woq_gemm(monkeypatch)
     model = WoqLinear(64, 200, BF16, form="gpt_fast", bias=True, scale_dtype=FP32, seed=5)
     xs = [torch.randn(1, m, 64, dtype=BF16, generator=torch.Generator().manual_seed(m)) for m in (3, 5)]
     outs, _, report = compile_and_run(model, *xs, dynamic=dynamic)

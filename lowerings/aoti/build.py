@@ -3,8 +3,10 @@
 - the shim library of one device: the generated C shims, as `libqlower_aoti_shims_<device>.so` and as the
   static archive `libqlower_aoti_shims_<device>.a`. AOTInductor links the archive into each package's own
   wrapper (`aot_inductor.custom_op_libs`, symbols hidden), so a package depends on no qlower file and loads
-  wherever it is copied (tests/test_aoti_portable.py). The shims only call the dispatcher: they work in any
-  process where qlower's ops are registered, by qlower's Python (`import qlower`) or by the ops library below.
+  wherever it is copied (tests/test_aoti_portable.py). The shims call the dispatcher: they work in any
+  process where qlower's ops are registered, by qlower's Python (`import qlower`) or by the ops library below;
+  except those of the ops with a C++ kernel of qlower's own (cpp_build.DIRECT_KERNELS), which call the
+  kernel compiled into the library, so the package needs no registration (and no build) for them.
 - the ops library `libqlower_ops.so`: qlower's ops in C++ for processes without qlower's Python (C++
   deployments; `python -m qlower ops-library --out DIR` copies it out). Its schemas are generated from the
   Python registrations (the one source of truth), its kernels are `lowerings/kernels/csrc/*.cpp`; loading it
@@ -24,16 +26,18 @@ from qlower.lowerings.kernels.cpp_build import (  # noqa: F401  (re-exported: bu
     Library,
     build,
     cache_root,
+    kernel_only_sources,
     native_library,
 )
 
 
 def shim_library(device: str) -> Library:
     """libqlower_aoti_shims_<device>.{so,a} with the C shims of every op qlower may emit on `device`."""
-    shim_plan = codegen.plan(device, ops.ops_for_device(device))
+    shim_plan = codegen.plan(device, ops.ops_for_device(device), direct_kernels=True)
     files = {
         codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
         f"qlower_c_shim_{device}.cpp": codegen.render_source(shim_plan, "custom-ops"),
+        **kernel_only_sources(sorted(set(shim_plan.kernel_sources))),
     }
     return build(f"qlower_aoti_shims_{device}", files)
 

@@ -69,15 +69,20 @@ def run_ops_library(args: argparse.Namespace) -> int:
 def write(
     device: str, out: Path, form: str, extra: Sequence[str] = ()
 ) -> tuple[list[Path], codegen.ShimPlan]:
-    """Write header and source (and, for the custom-ops form, the Inductor config table) for `device`."""
-    shim_plan = codegen.plan(device, ops.ops_for_device(device, tuple(extra)))
+    """Write header and source (and, for the custom-ops form, the Inductor config table and the sources of the
+    C++ kernels its shims call directly: the files of the library qlower links) for `device`."""
+    custom = form == "custom-ops"
+    shim_plan = codegen.plan(device, ops.ops_for_device(device, tuple(extra)), direct_kernels=custom)
     header = out / codegen.header_include(device, form)
-    source = out / (f"c_shim_{device}.cpp" if form == "extend" else f"qlower_c_shim_{device}.cpp")
+    source = out / (f"qlower_c_shim_{device}.cpp" if custom else f"c_shim_{device}.cpp")
     header.parent.mkdir(parents=True, exist_ok=True)
     header.write_text(codegen.render_header(shim_plan))
     source.write_text(codegen.render_source(shim_plan, form))
     written = [header, source]
-    if form == "custom-ops":
+    for name, text in build.kernel_only_sources(sorted(set(shim_plan.kernel_sources))).items():
+        (out / name).write_text(text)
+        written.append(out / name)
+    if custom:
         table = out / f"custom_ops_to_c_shims_{device}.json"
         table.write_text(json.dumps(codegen.custom_ops_to_c_shims(shim_plan), indent=2) + "\n")
         written.append(table)

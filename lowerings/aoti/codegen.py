@@ -5,7 +5,9 @@ optional/list conventions, `_vN` versions. qlower only chooses the call each def
 through the dispatcher so a source compiles against any torch build's headers (no `at::xpu::` dispatch
 headers, which the CPU wheel does not ship):
 - aten ops: torchgen's generic call `at::<op>` (which is `at::_ops::<op>::call`);
-- qlower's own ops: a typed `c10::Dispatcher` call, whose C++ type torchgen's `DispatcherSignature` gives.
+- qlower's own ops: a typed `c10::Dispatcher` call, whose C++ type torchgen's `DispatcherSignature` gives;
+  in the shim library qlower links into packages, the ops with a C++ kernel of qlower's own
+  (cpp_build.DIRECT_KERNELS) call that function instead, compiled into the library.
 
 Symbols are checked for clashes before anything is written (see `plan`).
 """
@@ -27,6 +29,7 @@ from qlower.lowerings.aoti.shim_ops import (
     parsed_native_yaml,
     torch_shim_symbols,
 )
+from qlower.lowerings.kernels.cpp_build import DIRECT_KERNELS
 
 _VERSIONED = re.compile(r"(.+)_v(\d+)")
 _DECLARED = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
@@ -67,6 +70,8 @@ class ShimPlan:
     shims: list[Shim] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     helpers: list[str] = field(default_factory=list)  # C++ dispatcher calls for non-aten ops
+    kernel_declarations: list[str] = field(default_factory=list)  # C++ kernels the direct calls need
+    kernel_sources: list[str] = field(default_factory=list)  # their csrc files (cpp_build.DIRECT_KERNELS)
 
 
 def shim_name(op: ShimOp, version: int = 1) -> str:
@@ -128,11 +133,31 @@ def _dispatcher_helper(op: ShimOp) -> tuple[str, str]:
     return fn, body
 
 
-def _one_shim(device: str, op: ShimOp, plan: ShimPlan, versions: dict[str, dict]) -> list[Shim]:
+def _direct_helper(op: ShimOp) -> tuple[str, str, str]:
+    """(C++ function name, its definition, the kernel's declaration) of a shim's direct call to the C++
+    kernel `<namespace>::<name>` (cpp_build.DIRECT_KERNELS), whose parameters are the dispatcher's."""
+    fn = f"qlower_call_{op.namespace}_{op.name}"
+    sig = DispatcherSignature.from_schema(op.schema)
+    args = ", ".join(a.name for a in sig.arguments())
+    declaration = f"namespace {op.namespace} {{\n{sig.decl(name=op.name)};\n}}"
+    body = f"{sig.decl(name=fn)} {{\n  return ::{op.namespace}::{op.name}({args});\n}}"
+    return fn, body, declaration
+
+
+def _one_shim(
+    device: str, op: ShimOp, plan: ShimPlan, versions: dict[str, dict], direct: bool = False
+) -> list[Shim]:
     """torchgen's shims of `op`, newest version first (one per `vN` in its version metadata, plus v1)."""
+    kernel = DIRECT_KERNELS.get(op.qualified) if direct else None
     if op.native is not None:
         call = gen_static_dispatch_backend_call(op.native, None)
         include = get_header_for_aoti(op.native, {}, None, parsed_native_yaml().backend_indices, False)
+    elif kernel is not None and kernel[0] == device and not op.overload:
+        call, helper, declaration = _direct_helper(op)
+        plan.helpers.append(helper)
+        plan.kernel_declarations.append(declaration)
+        plan.kernel_sources.append(kernel[1])
+        include = None
     else:
         call, helper = _dispatcher_helper(op)
         plan.helpers.append(helper)
@@ -156,8 +181,13 @@ def _one_shim(device: str, op: ShimOp, plan: ShimPlan, versions: dict[str, dict]
     ]
 
 
-def plan(device: str, ops: list[ShimOp], versions: dict[str, dict] | None = None) -> ShimPlan:
+def plan(
+    device: str, ops: list[ShimOp], versions: dict[str, dict] | None = None, direct_kernels: bool = False
+) -> ShimPlan:
     """Shims for `ops` on `device`, after the clash checks.
+
+    `direct_kernels`: the shims of the ops in cpp_build.DIRECT_KERNELS call their C++ kernel itself (the
+    shim library compiles `plan.kernel_sources` in), not the dispatcher. Declarations are the same either way.
 
     `versions` maps an op ("aten::_scaled_mm_v2.out") to torchgen's version metadata
     (`{"v2": {"new_args": [...]}}`), default `SHIM_VERSIONS`: how a signature change gets a `_vN`.
@@ -178,7 +208,9 @@ def plan(device: str, ops: list[ShimOp], versions: dict[str, dict] | None = None
                 f"'{op.schema.name.unambiguous_name()}' is an aten op's name: rename the op"
             )
         try:
-            shims = _one_shim(device, op, result, SHIM_VERSIONS if versions is None else versions)
+            shims = _one_shim(
+                device, op, result, SHIM_VERSIONS if versions is None else versions, direct_kernels
+            )
         except NotImplementedError as e:
             result.notes.append(f"{op.qualified}: no C shim possible ({e}); it stays on the proxy executor")
             continue
@@ -242,6 +274,8 @@ def render_source(shim_plan: ShimPlan, form: str) -> str:
         "using namespace torch::aot_inductor;",
         "",
     ]
+    if shim_plan.kernel_declarations:
+        lines += ["\n\n".join(shim_plan.kernel_declarations), ""]
     if shim_plan.helpers:
         lines += ["namespace {", "", "\n\n".join(shim_plan.helpers), "", "} // namespace", ""]
     lines += ["\n\n".join(s.definition for s in shim_plan.shims), ""]

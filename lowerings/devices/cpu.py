@@ -129,9 +129,17 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx512", torch.bfloat16): (0, 4),
     ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,
 }
-# K * N below this: not preferred (at 1024^2, M = 1, 1 thread, it tied with `_weight_int8pack_mm`: 0.16 vs
-# 0.15 ms; at 2048^2 it was 1.1-1.5x faster at M = 1..16)
-WOQ_GEMM_MIN_WEIGHT = 2**22
+# Small weights, per ISA level: the smallest K * N AUTO takes the op at (WOQ_GEMM_MIN_WEIGHT), and the K * N
+# below which a static M <= PACKED_MAX_M still takes `_weight_int8pack_mm` (WOQ_GEMM_SMALL_PACKED). avx2:
+# BENCHMARKS.md, "AMD EPYC, AVX2: small weights" (2 threads, the C++-registered kernel): from 128x128 to
+# 2048x2048 the op beat dequant + GEMM at M = 16 and 256 (2.5-8.7x bf16 against 0.78-1.31x) and tied
+# `_weight_int8pack_mm` at M = 16 (it lost at 128x128), but at M = 1 below K * N = 2^19 it lost to it (a
+# fixed ~15 us a call: 512x512 0.033 vs 0.023 ms, 128x128 0.019 vs 0.006 ms). Other levels: measured faster
+# only from K * N = 2^22 (an AVX512 Xeon, before the op's kernel moved to C++: at 1024^2, M = 1 it tied with
+# `_weight_int8pack_mm`).
+WOQ_GEMM_MIN_WEIGHT: dict[str, int] = {"avx2": 0}
+WOQ_GEMM_MIN_WEIGHT_DEFAULT = 2**22
+WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19}
 
 
 def cpu_woq_isa() -> str:
@@ -164,8 +172,19 @@ def woq_gemm_preferred(rec: QuantLinear) -> str | None:
     if (isa, rec.compute_dtype) not in WOQ_GEMM_MAX_M:
         return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
     min_m, max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
-    if not (is_static(rec.k) and is_static(rec.n)) or int(rec.k) * int(rec.n) < WOQ_GEMM_MIN_WEIGHT:
-        return f"K*N={rec.k}*{rec.n} < {WOQ_GEMM_MIN_WEIGHT}: not measured faster (WOQ_GEMM_MIN_WEIGHT)"
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return f"K={rec.k}, N={rec.n} are not static: the op's weight is packed at compile time"
+    weight = int(rec.k) * int(rec.n)
+    min_weight = WOQ_GEMM_MIN_WEIGHT.get(isa, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
+    if weight < min_weight:
+        return f"K*N={weight} < {min_weight}: not measured faster on the {isa} path (WOQ_GEMM_MIN_WEIGHT)"
+    packed_below = WOQ_GEMM_SMALL_PACKED.get(isa, 0)
+    packed_m = PACKED_MAX_M[rec.compute_dtype]
+    if weight < packed_below and is_static(rec.m) and packed_m is not None and int(rec.m) <= packed_m:
+        return (
+            f"M={rec.m} <= {packed_m} and K*N={weight} < {packed_below}: `_weight_int8pack_mm` was faster "
+            "(WOQ_GEMM_SMALL_PACKED)"
+        )
     if rec.weight_layout != "NK":
         return "a [K, N] weight: the kernel packs it with a scalar transpose"
     if (min_m, max_m) == WOQ_GEMM_EVERY_M:

@@ -65,12 +65,14 @@ class Library:
 # -fopenmp: ATen's `at::parallel_for` is an inline OpenMP loop in torch's OpenMP builds (ATen/ParallelOpenMP.h),
 # serial in a library compiled without it (csrc/woq_gemm.cpp ran as fast on 2 threads as on 1). The library
 # then needs libgomp.so.1, which resolves to the one torch has loaded: one thread pool, torch.set_num_threads'.
+# -fmacro-prefix-map: `__FILE__` (error messages, `#include __FILE__`) names a generated source by its bare
+# name, so no path of the building machine ends up in a package that links a library's archive.
 _BUILD_SCRIPT = """
 import json, os, subprocess, sys
 import torch.utils.cpp_extension as ce
 spec = json.loads(sys.argv[1])
 path = ce.load(name=spec["name"], sources=spec["sources"], build_directory=spec["dir"],
-               is_python_module=False, extra_cflags=["-O2", "-fopenmp"],
+               is_python_module=False, extra_cflags=["-O2", "-fopenmp", f"-fmacro-prefix-map={spec['dir']}/="],
                extra_ldflags=spec["ldflags"] + ["-fopenmp"], verbose=False)
 objects = [os.path.join(spec["dir"], os.path.splitext(os.path.basename(s))[0] + ".o") for s in spec["sources"]]
 subprocess.run(["ar", "rcs", spec["archive"], *objects], check=True)
@@ -131,6 +133,19 @@ def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()
 
 
 NATIVE_SOURCES = ("woq_gemm.cpp",)
+# qlower ops whose kernel is a C++ function of NATIVE_SOURCES named like the op (`qlower::woq_int8_gemm`):
+# op -> (device, source). The C shims of that device call the function itself, compiled into the shim
+# library (`#define QLOWER_KERNEL_ONLY`, nothing registered), so a package runs the kernel from its own
+# wrapper: no dispatcher, and no libqlower_native.so to build where the package loads (lowerings/aoti/codegen.py).
+DIRECT_KERNELS: dict[str, tuple[str, str]] = {"qlower::woq_int8_gemm": ("cpu", "woq_gemm.cpp")}
+
+
+def kernel_only_sources(names: list[str]) -> dict[str, str]:
+    """Generated files holding the NATIVE_SOURCES `names` as kernels alone (no op registration)."""
+    return {
+        f"qlower_kernel_{Path(name).stem}.cpp": "#define QLOWER_KERNEL_ONLY 1\n" + (CSRC / name).read_text()
+        for name in names
+    }
 
 
 def native_library() -> Library:

@@ -877,7 +877,10 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
 
 }  // namespace qlower
 
-#ifdef QLOWER_IN_PROCESS
+#if defined(QLOWER_KERNEL_ONLY)
+// The shim library (lowerings/aoti/build.py): its shim of qlower::woq_int8_gemm calls the function above
+// directly, so nothing is registered.
+#elif defined(QLOWER_IN_PROCESS)
 // libqlower_native.so (lowerings/kernels/native.py): its ops live in a private namespace, so they never meet
 // the `qlower` definitions of libqlower_ops.so; in `qlower` it only adds the CPU kernel below.
 TORCH_LIBRARY(qlower_native, m) {
@@ -906,6 +909,9 @@ constexpr int W = Isa::W;
 constexpr int64_t kLineBytes = 64;
 static_assert(kLineBytes % W == 0, "an int8 row's cache line holds whole vector steps");
 constexpr int kNextTileLocality = 2;  // __builtin_prefetch: into L2 (prefetcht1)
+constexpr int64_t kPrefetchSkew = 1024;  // bytes: the next tile's line prefetched ahead of this tile's offset
+constexpr int kL1Ways = 8;               // L1d associativity of the x86 cores measured (Zen 2-4, Skylake on)
+constexpr int64_t kPageBytes = 4096;     // rows this far apart map to the same L1 sets
 
 inline V load_b(const int8_t* p) {
   return Isa::load_i8(p);
@@ -952,12 +958,18 @@ void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, 
     }
   }
   const int64_t kv = kc / W * W;
+  // Rows a multiple of 4 KiB apart share their L1 sets: this tile's NR lines and the next tile's NR
+  // prefetched lines of one offset would need 2 * NR ways. Where that is more than L1 has, the next tile is
+  // prefetched kPrefetchSkew bytes ahead instead, on other sets.
+  const bool skew = 2 * NR > kL1Ways && (ldb * static_cast<int64_t>(sizeof(BT))) % kPageBytes == 0;
+  const int64_t ahead = skew ? std::min<int64_t>(kPrefetchSkew, kc / 4 / kLineBytes * kLineBytes) : 0;
   for (int64_t k = 0; k < kv; k += W) {
     if constexpr (std::is_same_v<BT, int8_t>) {
       if (k % kLineBytes == 0) {  // once per cache line of each row (W divides the line)
+        const int64_t kp = k + ahead < kc ? k + ahead : k + ahead - kc;
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          __builtin_prefetch(b + (NR + j) * ldb + k, 0, kNextTileLocality);
+          __builtin_prefetch(b + (NR + j) * ldb + kp, 0, kNextTileLocality);
         }
       }
     }
