@@ -942,9 +942,10 @@ inline V round_v(DType dt, V v) {
 
 // c[i * ldc + j] += sum_k a[i][k] * b[j][k]: fp32 A rows, B rows of int8 (converted here) or of fp32.
 // Int8 B rows are the direct path's, read straight from the weight: each line of the next NR rows (the next
-// tile's, adjacent in memory) is prefetched into L2 while this tile reads the same offset of its own. At
+// tile's, adjacent in memory) is prefetched into L2 while this tile reads its own, at the same offset, or
+// kPrefetchSkew bytes ahead where the rows are 4 KiB-aliased and 2 * NR lines would not fit one L1 set. At
 // K = 4096 each int8 row is one 4 KiB page, short for the hardware prefetcher to ramp up on. On the AVX2 EPYC
-// it made M = 4 10-25 % faster and left M = 1 unchanged within noise (BENCHMARKS.md, "CPU, woq_int8").
+// the prefetch made M = 4 10-25 % faster, and M = 1 gained only once skewed (BENCHMARKS.md, "CPU, woq_int8").
 template <int MR, int NR, class BT>
 void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, float* c, int64_t ldc) {
   const float* a = static_cast<const float*>(a_);
