@@ -272,14 +272,17 @@ def test_special_scale_codes_match_the_eager_model(a_elem, w_elem, m, pref):
     records it and each kernel family must give the eager model's NaN and +-inf positions. Row 7's block 0 is
     all 1.0 under a positive x block: +inf in the graph (NaN with the spec's decode). Row 3's block 1 holds a
     zero element: NaN in the graph (0 * inf), where a kernel multiplying block sums by the scale gives +-inf.
-    Row 5's block 2 has code 0."""
+    Row 5's block 2 has code 0. Row 6's block 0 has the finite code 250 (2**123) over one 0.5 element: its
+    products are finite, and a kernel folding a factor > 1 into that scale made them inf (or 0 * inf NaN)."""
     n, k = 256, 512
     f, _ = _model(a_elem, w_elem, n, k)
     qb = f.q.view(torch.uint8)
     per = 16 if w_elem == "e2m1" else 32  # bytes per 32-element block
-    f.e[3, 1], f.e[7, 0], f.e[5, 2] = 255, 255, 0
+    f.e[3, 1], f.e[7, 0], f.e[5, 2], f.e[6, 0] = 255, 255, 0, 250
     qb[3, per] = 0
     qb[7, :per] = 0x22 if w_elem == "e2m1" else 0x38
+    qb[6, :per] = 0
+    qb[6, 0] = 0x01 if w_elem == "e2m1" else 0x30  # element 0 is 0.5
     x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
     x[:, :32] = x[:, :32].abs() + 0.5
     ref = f(x)
@@ -289,5 +292,8 @@ def test_special_scale_codes_match_the_eager_model(a_elem, w_elem, m, pref):
     assert torch.equal(y.isnan(), ref.isnan())
     assert torch.equal(y == float("inf"), ref == float("inf"))
     assert torch.equal(y == float("-inf"), ref == float("-inf"))
+    assert ref[:, 6].isfinite().all() and y[:, 6].isfinite().all()
+    assert _rel(y[:, 6], ref[:, 6].double()) <= 1e-2
     fin = ref.isfinite()
+    fin[:, 6] = False  # 2**122-sized: the rest's error would not show next to it
     assert _rel(y[fin], ref[fin].double()) <= 1e-2

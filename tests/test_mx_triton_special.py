@@ -66,39 +66,62 @@ SCRIPT = textwrap.dedent(
             e[3, 1] = 0  # FP8 tiles' per-element recompute dots in fp16 here (bf16 on the GPU), which flush them
         return q.view(torch.uint8), e, None  # the reference decodes these codes per flag below
 
-    # name, activation format, weight format, activation dtype, runner, tolerance, holds 2**-127 products
+    def high_code_row(wq, wc, elem, big):
+        # Row 5's block 0: the finite code 250 (2**123) over zeros and, where the kernel's dots hold 2**122
+        # (big), one 0.5 element: its products (|x| < 32) are finite, and a factor > 1 folded into that scale
+        # overflowed it (inf, or 0 * inf NaN; zeros stay 0 in the graph's fp16 weight too).
+        wq, wc = wq.clone(), wc.clone()
+        per = 16 if elem == "e2m1" else 32
+        wc[5, 0], wq[5, :per] = 250, 0
+        if big:
+            wq[5, 0] = 0x01 if elem == "e2m1" else 0x30
+        return wq, wc
+
+    def run_case(run, a, a_codes, wq, wc, a_fmt, w_fmt, sp):
+        flags = Special(sp if a_codes is not None else 0, sp)
+        if run in ("gemv", "mm"):
+            cfg = GEMV if run == "gemv" else MM
+            return launch_config(cfg, a, a_codes, wq, wc, None, a_fmt, w_fmt, out_dtype=torch.float32,
+                                 dot_dtype=torch.float16, special=flags)
+        if run == "op":
+            return torch.ops.qlower.mx_linear(a, None, wq, wc, None, a_fmt, w_fmt, False, False, torch.float32,
+                                              False, 0, sp)
+        out = torch.empty(M, N, dtype=torch.float32)
+        launch_decode(run, a, as_words(wq), wc, None, out, w_fmt, direct=True, w_special=sp)
+        return out
+
+    # name, activation format, weight format, activation dtype, runner, tolerance, holds 2**-127 products,
+    # holds 2**122 weights (not the fp16 dots of a dequantized tile: the graph's fp16 weight is inf there too)
     CASES = [
-        ("gemv", "float", "e2m1", torch.float32, "gemv", 1e-6, True),
-        ("gemv-mx", "e4m3", "e2m1", None, "gemv", 1e-6, True),
-        ("mm-upcast", "float", "e4m3", torch.float16, "mm", 1e-3, False),  # fp16 dots flush 2**-127
-        ("mm-fp8", "e4m3", "e4m3", None, "mm", 1e-6, True),
-        ("mm-fp8-e2m1", "e2m1", "e2m1", None, "mm", 1e-6, True),
-        ("hfma", "float", "e2m1", torch.float16, HF, 1e-3, True),
-        ("hfma-e4m3", "float", "e4m3", torch.float32, HF2, 1e-3, True),  # x scaled into fp16
-        ("decode-mm", "float", "e2m1", torch.float16, DMM, 1e-3, False),
-        ("op", "float", "e4m3", torch.float16, "op", 1e-3, True),  # qlower::mx_linear at M = 4: hfma
+        ("gemv", "float", "e2m1", torch.float32, "gemv", 1e-6, True, True),
+        ("gemv-mx", "e4m3", "e2m1", None, "gemv", 1e-6, True, True),
+        ("mm-upcast", "float", "e4m3", torch.float16, "mm", 1e-3, False, False),  # fp16 dots flush 2**-127
+        ("mm-upcast-e2m1", "float", "e2m1", torch.float16, "mm", 1e-3, False, False),
+        ("mm-fp8", "e4m3", "e4m3", None, "mm", 1e-6, True, True),
+        ("mm-fp8-e2m1", "e2m1", "e2m1", None, "mm", 1e-6, True, True),
+        ("hfma", "float", "e2m1", torch.float16, HF, 1e-3, True, True),
+        ("hfma-e4m3", "float", "e4m3", torch.float32, HF2, 1e-3, True, True),  # x scaled into fp16
+        ("decode-mm", "float", "e2m1", torch.float16, DMM, 1e-3, False, False),
+        ("op", "float", "e4m3", torch.float16, "op", 1e-3, True, True),  # qlower::mx_linear at M = 4: hfma
     ]
     torch.manual_seed(0)
-    for name, a_elem, w_elem, adtype, run, tol, tiny in CASES:
+    for name, a_elem, w_elem, adtype, run, tol, tiny, big in CASES:
         wq, wc = weight(w_elem)
         a, a_codes, a_ref = act(a_elem, adtype, zero_row=run == "gemv")
+        a_fmt, w_fmt = ELEM_CODE[a_elem], ELEM_CODE[w_elem]
+        hq, hc = high_code_row(wq, wc, w_elem, big)
+        out = run_case(run, a, a_codes, hq, hc, a_fmt, w_fmt, 0).double()
+        aref = a_ref if a_codes is None else fmt.dequantize_f64(a, a_codes, a_elem)
+        want = (aref[:, None, :] * fmt.dequantize_f64(hq, hc, w_elem)[None, :, :]).sum(-1)[:, 5]
+        got, fin = out[:, 5], want.isfinite()  # MX activations' own special codes make rows 1, 3 NaN
+        ok = torch.equal(got.isfinite(), fin) and torch.equal(got.isnan(), want.isnan())
+        ok = ok and ((got[fin] - want[fin]).norm() / want[fin].norm()).item() <= tol
+        print(9, name, "OK" if ok else f"BAD {got.tolist()} vs {want.tolist()}", flush=True)
         for sp, special in SPECIALS.items():
             wref = fmt.dequantize_f64(wq, wc, w_elem, special=special)
             aref = a_ref if a_codes is None else fmt.dequantize_f64(a, a_codes, a_elem, special=special)
             ref = (aref[:, None, :] * wref[None, :, :]).sum(-1)  # elementwise: IEEE 0 * inf, no BLAS shortcuts
-            a_fmt, w_fmt = ELEM_CODE[a_elem], ELEM_CODE[w_elem]
-            flags = Special(sp if a_codes is not None else 0, sp)
-            if run in ("gemv", "mm"):
-                cfg = GEMV if run == "gemv" else MM
-                out = launch_config(cfg, a, a_codes, wq, wc, None, a_fmt, w_fmt, out_dtype=torch.float32,
-                                    dot_dtype=torch.float16, special=flags)
-            elif run == "op":
-                out = torch.ops.qlower.mx_linear(a, None, wq, wc, None, a_fmt, w_fmt, False, False, torch.float32,
-                                                 False, 0, sp)
-            else:
-                out = torch.empty(M, N, dtype=torch.float32)
-                launch_decode(run, a, as_words(wq), wc, None, out, w_fmt, direct=True, w_special=sp)
-            out = out.double()
+            out = run_case(run, a, a_codes, wq, wc, a_fmt, w_fmt, sp).double()
             fin = ref.isfinite() & out.isfinite()
             err = ((out[fin] - ref[fin]).norm() / ref[fin].norm()).item()
             checks = {
@@ -138,7 +161,14 @@ def interpreter_results() -> dict[int, list[str]]:
 @pytest.mark.parametrize("special", [0, 1, 2, 3])  # bit 0: code 0 is 0.0; bit 1: code 255 is +inf
 def test_kernels_decode_special_codes_in_triton_interpreter(interpreter_results, special):
     lines = interpreter_results[special]
-    assert len(lines) == 9, lines
+    assert len(lines) == 10, lines
+    assert all(line.endswith("OK") for line in lines), lines
+
+
+def test_kernels_keep_high_finite_scale_codes_finite_in_triton_interpreter(interpreter_results):
+    """Code 250 under each kernel: finite where float64 is, within the kernel's tolerance of it."""
+    lines = interpreter_results[9]
+    assert len(lines) == 10, lines
     assert all(line.endswith("OK") for line in lines), lines
 
 

@@ -114,16 +114,14 @@ def mx_bf16_mm_kernel(
     stride_xm, stride_xk, stride_wn, stride_sn, stride_sk, s_cols_pad,
     stride_ps, stride_om, stride_on,
     SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    PLANES: tl.constexpr,
     SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_KW: tl.constexpr,
 ):  # fmt: skip
     """out[M, N] (SPLIT: fp32 partials [splits, M, N], no bias) = x @ dequant(w).T [+ bias].
 
     Grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), splits); split s covers words [s * KW_SPLIT, (s + 1) * KW_SPLIT).
-    PLANES: one dot per element plane (K permuted alike in x and w: the sum is the same) instead of joining
-    the planes into K order first. SWAP_AB: out^T = W x^T, the decoded weight (in registers) as the dot's
-    first operand, which Hopper's wgmma may take from registers; x^T the second."""
+    SWAP_AB: out^T = W x^T, the decoded weight (in registers) as the dot's first operand, which Hopper's
+    wgmma may take from registers; x^T the second."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -140,26 +138,13 @@ def mx_bf16_mm_kernel(
     for kw0 in range(k_lo, k_hi, BLOCK_KW):
         v = _tile(w_ptr, s_ptr, rn, n_mask, kw0, k_hi, KW, stride_wn, stride_sn, stride_sk, s_cols_pad,
                   SWIZZLED, SPECIAL, EVEN_K, BLOCK_N, BLOCK_KW)  # fmt: skip
-        if PLANES:
-            kw = kw0 + tl.arange(0, BLOCK_KW)
-            xm = m_mask[:, None] & (kw < k_hi)[None, :]
-            xb = x_ptr + rm[:, None] * stride_xm + (kw * 8)[None, :] * stride_xk
-            acc = tl.dot(tl.load(xb + 0 * stride_xk, mask=xm, other=0.0), tl.trans(v[0]), acc)
-            acc = tl.dot(tl.load(xb + 1 * stride_xk, mask=xm, other=0.0), tl.trans(v[1]), acc)
-            acc = tl.dot(tl.load(xb + 2 * stride_xk, mask=xm, other=0.0), tl.trans(v[2]), acc)
-            acc = tl.dot(tl.load(xb + 3 * stride_xk, mask=xm, other=0.0), tl.trans(v[3]), acc)
-            acc = tl.dot(tl.load(xb + 4 * stride_xk, mask=xm, other=0.0), tl.trans(v[4]), acc)
-            acc = tl.dot(tl.load(xb + 5 * stride_xk, mask=xm, other=0.0), tl.trans(v[5]), acc)
-            acc = tl.dot(tl.load(xb + 6 * stride_xk, mask=xm, other=0.0), tl.trans(v[6]), acc)
-            acc = tl.dot(tl.load(xb + 7 * stride_xk, mask=xm, other=0.0), tl.trans(v[7]), acc)
+        kk = kw0 * 8 + tl.arange(0, BLOCK_KW * 8)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+                     mask=m_mask[:, None] & (kk < k_hi * 8)[None, :], other=0.0)  # fmt: skip
+        if SWAP_AB:
+            acc = tl.dot(_join8(v), tl.trans(xt), acc)
         else:
-            kk = kw0 * 8 + tl.arange(0, BLOCK_KW * 8)
-            xt = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                         mask=m_mask[:, None] & (kk < k_hi * 8)[None, :], other=0.0)  # fmt: skip
-            if SWAP_AB:
-                acc = tl.dot(_join8(v), tl.trans(xt), acc)
-            else:
-                acc = tl.dot(xt, tl.trans(_join8(v)), acc)
+            acc = tl.dot(xt, tl.trans(_join8(v)), acc)
     if SWAP_AB:
         acc = tl.trans(acc)
     mask = m_mask[:, None] & n_mask[None, :]

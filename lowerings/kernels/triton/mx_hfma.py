@@ -280,7 +280,9 @@ def _row_partial(w, s, x_ptr, row, M, kw, lim, stride_xm, stride_xk, W_FMT: tl.c
     WSH: tl.constexpr = 14 if W_FMT == 3 else 0
     p, down, hs = _x_block(x_ptr, row, M, kw, lim, stride_xm, stride_xk, EPW, NBK, WPB, T, WSH, BLOCK_KW)
     r = _word_sums(w, p[0], p[1], p[2], p[3], hs, W_FMT, USE_ASM)
-    return tl.sum(tl.reshape(r, (w.shape[0], NBK, WPB)), axis=2) * s * down[None, :]
+    # (s * down) first: both powers of two, their product overflows only where the eager product does (r * s
+    # overflowed at high codes when x is small: r holds x scaled up to 2**T)
+    return tl.sum(tl.reshape(r, (w.shape[0], NBK, WPB)), axis=2) * (s * down[None, :])
 
 
 @triton.jit

@@ -5,7 +5,8 @@ kernels see no dtype Triton or Inductor may not know. Formats (constexpr): 0 flo
 2 e5m2, 3 e2m1 (two per byte, even element in the low nibble). Scales: plain (any strides) or swizzled
 (cuBLAS 128x4 tiles, `patterns/mx_format.swizzle_offsets`).
 
-e2m1 -> e4m3 costs four integer ops and is exact up to a factor 2**6 (folded into the block scale): the
+e2m1 -> e4m3 costs four integer ops and is exact up to a factor 2**6 (applied to a sum, or to an element
+before its scale; never folded into the scale, which overflowed at codes >= 249): the
 e2m1 bits s.e1e0.m moved to e4m3's s.0e1e0.m00 read as (e4m3 value) = (e2m1 value) / 64 for every code,
 subnormal 0.5 included. So fp4 rides the fp8 tensor cores and the hardware fp8 converts.
 
@@ -139,7 +140,9 @@ def _load_dequant_tile(
         s = _load_scales(
             s_ptr, rows, row_mask, kb, K // 32, stride_sr, stride_sc, s_cols_pad, SWIZZLED, SPECIAL
         )
-        s = s * _fold(FMT)
+        # the true value first (exact), then the scale: the graph's own product. Folding 2**6 into the scale
+        # instead overflowed it at codes >= 249 (tests/test_mx_triton_special.py, the high-code row).
+        v = v * _fold(FMT)
         v = tl.reshape(tl.reshape(v, (rows.shape[0], NB, 32)) * s[:, :, None], (rows.shape[0], BK))
         return v.to(DOT_DTYPE)
 

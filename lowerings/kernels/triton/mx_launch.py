@@ -90,7 +90,7 @@ def launch_decode(
         k(mx_bf16_mm_kernel)[(cdiv(m, cfg.block_m) * gate, cdiv(n, cfg.block_n), split)](
             x, w_words, s_t, b, part, m, n, kw, kw_split,
             x.stride(0), x.stride(1), w_words.stride(0), s_sn, s_sk, s_pad, p_strides[0], out.stride(0),
-            out.stride(1), PLANES=False, SPLIT=split > 1, SWAP_AB=cfg.swap_ab, **common,
+            out.stride(1), SPLIT=split > 1, SWAP_AB=cfg.swap_ab, **common,
         )  # fmt: skip
     elif cfg.kernel == "hfma":
         common.pop("DECODE")
