@@ -23,7 +23,8 @@ Workloads: decode of 1 new token at each of `--batches` against a KV cache of `-
 between), `changing` (one compiled model through the batches in the order given, so Dynamo recompiles with a
 symbolic batch, as a serving loop does; prefill after a prefill of half the length), `dynamic`
 (torch.compile(dynamic=True)). `--cudagraphs on,off` (CUDA): on is `mode="reduce-overhead"`, for qlower through
-`qlower.inductor_options(mode="reduce-overhead")`.
+`qlower.inductor_options(mode="reduce-overhead")`. `--cpp-wrapper` (with `--cudagraphs off`): every variant
+compiled with Inductor's C++ wrapper, which launches kernels from C++ (default mode's host cost).
 
 Timing: after the compile call and `--warmup` calls, `--reps` steps (at least 20 on CUDA). CUDA with graphs:
 median of CUDA-event times per step; without graphs and on CPU: median wall clock per step (CUDA synchronized
@@ -469,11 +470,17 @@ def qlower_summary(reports: list[Any]) -> tuple[int, int, str, list[str]]:
     return sum(kernels.values()), len(entries), text, reasons
 
 
-def compile_model(model: nn.Module, compiler: str, mode: str, cudagraphs: bool) -> Callable:
+def compile_model(
+    model: nn.Module, compiler: str, mode: str, cudagraphs: bool, cpp_wrapper: bool = False
+) -> Callable:
+    """`cpp_wrapper`: Inductor's C++ wrapper (kernels launched from C++, not Python), for every variant."""
     dynamic = {"static": False, "changing": None, "dynamic": True}[mode]
+    extra = {"cpp_wrapper": True} if cpp_wrapper else {}
     if compiler == "qlower":
-        opts = qlower.inductor_options(mode="reduce-overhead" if cudagraphs else None)
+        opts = {**qlower.inductor_options(mode="reduce-overhead" if cudagraphs else None), **extra}
         return torch.compile(model, dynamic=dynamic, options=opts)
+    if extra:  # torch.compile takes mode or options, not both
+        return torch.compile(model, dynamic=dynamic, options=extra)
     return torch.compile(model, dynamic=dynamic, mode="reduce-overhead" if cudagraphs else None)
 
 
@@ -666,7 +673,7 @@ def _measure(
                     torch._dynamo.reset()
                     fn, note = None, failure
                     if model is not None:
-                        fn = compile_model(model, compiler, mode, graphs)
+                        fn = compile_model(model, compiler, mode, graphs, args.cpp_wrapper)
                     if warm is not None and fn is not None:
                         bar.set_postfix_str(f"{variant} {_combo_name(mode, graphs)}: {warm.name}")
                         note = f"after {warm.name}"
@@ -869,6 +876,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--cudagraphs", type=lambda t: _choices(t, ("on", "off")), default=None, help="on,off (CUDA default)"
     )
+    p.add_argument(
+        "--cpp-wrapper",
+        action="store_true",
+        help="compile every variant with Inductor's C++ wrapper (no graphs)",
+    )
     p.add_argument("--reps", type=int, default=None, help="timed steps per row (default CUDA 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after the compile call")
     p.add_argument("--budget", type=float, default=1.0, help="CPU: keep timing a row while under this many s")
@@ -894,6 +906,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "on" in graphs and not cuda:
         p.error("--cudagraphs on needs --device cuda")
     args.cudagraphs = [g == "on" for g in graphs]
+    if args.cpp_wrapper and any(args.cudagraphs):
+        p.error("--cpp-wrapper is measured without CUDA graphs: add --cudagraphs off")
     args.reps = args.reps or (30 if cuda else 5)
     if cuda and args.reps < 20:
         p.error("--reps: at least 20 on CUDA")
