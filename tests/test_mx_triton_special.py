@@ -66,16 +66,19 @@ SCRIPT = textwrap.dedent(
             e[3, 1] = 0  # FP8 tiles' per-element recompute dots in fp16 here (bf16 on the GPU), which flush them
         return q.view(torch.uint8), e, None  # the reference decodes these codes per flag below
 
-    def high_code_row(wq, wc, elem, big):
-        # Row 5's block 0: the finite code 250 (2**123) over zeros and, where the kernel's dots hold 2**122
-        # (big), one 0.5 element: its products (|x| < 32) are finite, and a factor > 1 folded into that scale
-        # overflowed it (inf, or 0 * inf NaN; zeros stay 0 in the graph's fp16 weight too).
+    def high_code_row(wq, wc, elem, code, one):
+        # Row 5's block 0: a high finite code over zeros and, with `one`, one 0.5 element: its products
+        # (|x| < 32 at code <= 250) are finite, and a factor > 1 folded into that scale overflowed it (inf, or
+        # 0 * inf NaN; zeros stay 0 in the graph's fp16 weight too).
         wq, wc = wq.clone(), wc.clone()
         per = 16 if elem == "e2m1" else 32
-        wc[5, 0], wq[5, :per] = 250, 0
-        if big:
+        wc[5, 0], wq[5, :per] = code, 0
+        if one:
             wq[5, 0] = 0x01 if elem == "e2m1" else 0x30
         return wq, wc
+
+    # (code, one 0.5 element): the element only where the kernel's dots hold 2**122 (`big` below)
+    HIGH_CODES = ((249, True), (250, True), (252, False), (254, False))
 
     def run_case(run, a, a_codes, wq, wc, a_fmt, w_fmt, sp):
         flags = Special(sp if a_codes is not None else 0, sp)
@@ -109,14 +112,17 @@ SCRIPT = textwrap.dedent(
         wq, wc = weight(w_elem)
         a, a_codes, a_ref = act(a_elem, adtype, zero_row=run == "gemv")
         a_fmt, w_fmt = ELEM_CODE[a_elem], ELEM_CODE[w_elem]
-        hq, hc = high_code_row(wq, wc, w_elem, big)
-        out = run_case(run, a, a_codes, hq, hc, a_fmt, w_fmt, 0).double()
-        aref = a_ref if a_codes is None else fmt.dequantize_f64(a, a_codes, a_elem)
-        want = (aref[:, None, :] * fmt.dequantize_f64(hq, hc, w_elem)[None, :, :]).sum(-1)[:, 5]
-        got, fin = out[:, 5], want.isfinite()  # MX activations' own special codes make rows 1, 3 NaN
-        ok = torch.equal(got.isfinite(), fin) and torch.equal(got.isnan(), want.isnan())
-        ok = ok and ((got[fin] - want[fin]).norm() / want[fin].norm()).item() <= tol
-        print(9, name, "OK" if ok else f"BAD {got.tolist()} vs {want.tolist()}", flush=True)
+        bad = []
+        for code, one in HIGH_CODES:
+            hq, hc = high_code_row(wq, wc, w_elem, code, one and big)
+            out = run_case(run, a, a_codes, hq, hc, a_fmt, w_fmt, 0).double()
+            aref = a_ref if a_codes is None else fmt.dequantize_f64(a, a_codes, a_elem)
+            want = (aref[:, None, :] * fmt.dequantize_f64(hq, hc, w_elem)[None, :, :]).sum(-1)[:, 5]
+            got, fin = out[:, 5], want.isfinite()  # MX activations' own special codes make rows 1, 3 NaN
+            ok = torch.equal(got.isfinite(), fin) and torch.equal(got.isnan(), want.isnan())
+            if not (ok and ((got[fin] - want[fin]).norm() / want[fin].norm()).item() <= tol):
+                bad.append(f"code {code}: {got.tolist()} vs {want.tolist()}")
+        print(9, name, "OK" if not bad else f"BAD {bad}", flush=True)
         for sp, special in SPECIALS.items():
             wref = fmt.dequantize_f64(wq, wc, w_elem, special=special)
             aref = a_ref if a_codes is None else fmt.dequantize_f64(a, a_codes, a_elem, special=special)
@@ -166,7 +172,7 @@ def test_kernels_decode_special_codes_in_triton_interpreter(interpreter_results,
 
 
 def test_kernels_keep_high_finite_scale_codes_finite_in_triton_interpreter(interpreter_results):
-    """Code 250 under each kernel: finite where float64 is, within the kernel's tolerance of it."""
+    """Codes 249-254 under each kernel: finite where float64 is, within the kernel's tolerance of it."""
     lines = interpreter_results[9]
     assert len(lines) == 10, lines
     assert all(line.endswith("OK") for line in lines), lines

@@ -280,9 +280,15 @@ def _row_partial(w, s, x_ptr, row, M, kw, lim, stride_xm, stride_xk, W_FMT: tl.c
     WSH: tl.constexpr = 14 if W_FMT == 3 else 0
     p, down, hs = _x_block(x_ptr, row, M, kw, lim, stride_xm, stride_xk, EPW, NBK, WPB, T, WSH, BLOCK_KW)
     r = _word_sums(w, p[0], p[1], p[2], p[3], hs, W_FMT, USE_ASM)
-    # (s * down) first: both powers of two, their product overflows only where the eager product does (r * s
-    # overflowed at high codes when x is small: r holds x scaled up to 2**T)
-    return tl.sum(tl.reshape(r, (w.shape[0], NBK, WPB)), axis=2) * (s * down[None, :])
+    # Both factors are powers of two. (s * down) first: r holds x scaled up to 2**T, so (r * s) overflowed at
+    # high codes under a small x. Where s * down itself overflows (x's block amax times the scale reaches
+    # 2**128) the products may still be finite (zeros, small elements): there r is scaled in two steps
+    # (tests/test_mx_triton_special.py, the high-code rows).
+    sums = tl.sum(tl.reshape(r, (w.shape[0], NBK, WPB)), axis=2)
+    d = down[None, :]
+    sd = s * d
+    two_steps = (sd == float("inf")) & (s < float("inf"))
+    return tl.where(two_steps, (sums * s) * d, sums * sd)
 
 
 @triton.jit
