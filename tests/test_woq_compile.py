@@ -64,10 +64,9 @@ def test_large_weights_convert_into_a_reused_buffer(form, dtype, sdtype, bias, m
     buffer that the next call reuses (a fresh 32 MiB tensor page-faults on every call on the CI VM). Where
     qlower.woq_int8_gemm is preferred (its measured M limits, `WOQ_GEMM_MAX_M`) it would take this linear:
     the limits are emptied here."""
-    from qlower.lowerings.devices import cpu as cpu_lowerings
     from qlower.lowerings.kernels.cpu_scratch import scratch
 
-    monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MAX_M", {})
+    without_woq_gemm(monkeypatch)
 
     model = WoqLinear(4096, 2048, dtype, form=form, bias=bias, scale_dtype=sdtype)
     xs = [torch.randn(80, 4096, dtype=dtype, generator=torch.Generator().manual_seed(i)) for i in (1, 2)]
@@ -245,9 +244,8 @@ def test_torchao_large_weight_uses_the_reused_buffer(monkeypatch):
     """A real producer: torchao Int8WeightOnlyConfig on a 4096 -> 2048 linear at M = 80 (above the packed
     kernel's range, float weight 16 MiB): lowered to `qlower.int8_weight_mm`, within eager's error (with
     qlower.woq_int8_gemm's preference limits emptied, as above)."""
-    from qlower.lowerings.devices import cpu as cpu_lowerings
 
-    monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MAX_M", {})
+    without_woq_gemm(monkeypatch)
     torchao_quant = pytest.importorskip("torchao.quantization")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4096, 2048, bias=True)).to(BF16)

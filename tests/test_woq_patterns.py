@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from unittest import mock
-
 import expecttest
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_woq_choice import without_woq_gemm
 from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from woq_models import WoqLinear
 
 import qlower
-from qlower.lowerings.devices import cpu as cpu_lowerings
 from qlower.patterns import woq_int8
 from qlower.patterns.graph_utils import tensor_val
 from qlower.patterns.record import QuantLinear
@@ -99,7 +97,8 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
         )
 
     def test_large_m_uses_dequant_mm(self):
-        with mock.patch.object(cpu_lowerings, "WOQ_GEMM_MAX_M", {}):  # not qlower.woq_int8_gemm's shapes
+        with pytest.MonkeyPatch.context() as mp:  # not qlower.woq_int8_gemm's shapes
+            without_woq_gemm(mp)
             text, report = lowered(WoqLinear(64, 32, BF16), torch.randn(256, 64, dtype=BF16))
         self.assertEqual(report.entries[0].lowering, "dequant_mm")
         self.assertIn("M=256 > 8", report.entries[0].reason)
@@ -116,7 +115,8 @@ convert_element_type_default_3: bfloat16[256, 32] = prims.convert_element_type(m
         )
 
     def test_dynamic_m_guarded_choice(self):
-        with mock.patch.object(cpu_lowerings, "WOQ_GEMM_MAX_M", {}):
+        with pytest.MonkeyPatch.context() as mp:
+            without_woq_gemm(mp)
             text, report = lowered(WoqLinear(64, 32, BF16), torch.randn(3, 5, 64, dtype=BF16), dynamic=True)
         self.assertEqual(report.entries[0].lowering, "qlower.woq_int8_mm_by_m")
         self.assertExpectedInline(

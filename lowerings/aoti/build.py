@@ -37,7 +37,7 @@ def shim_library(device: str) -> Library:
     files = {
         codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
         f"qlower_c_shim_{device}.cpp": codegen.render_source(shim_plan, "custom-ops"),
-        **kernel_only_sources(sorted(set(shim_plan.kernel_sources))),
+        **kernel_only_sources(shim_plan.kernel_sources),
     }
     return build(f"qlower_aoti_shims_{device}", files)
 

@@ -79,7 +79,7 @@ def write(
     header.write_text(codegen.render_header(shim_plan))
     source.write_text(codegen.render_source(shim_plan, form))
     written = [header, source]
-    for name, text in build.kernel_only_sources(sorted(set(shim_plan.kernel_sources))).items():
+    for name, text in build.kernel_only_sources(shim_plan.kernel_sources).items():
         (out / name).write_text(text)
         written.append(out / name)
     if custom:

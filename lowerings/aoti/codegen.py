@@ -71,7 +71,7 @@ class ShimPlan:
     notes: list[str] = field(default_factory=list)
     helpers: list[str] = field(default_factory=list)  # C++ dispatcher calls for non-aten ops
     kernel_declarations: list[str] = field(default_factory=list)  # C++ kernels the direct calls need
-    kernel_sources: list[str] = field(default_factory=list)  # their csrc files (cpp_build.DIRECT_KERNELS)
+    kernel_sources: list[str] = field(default_factory=list)  # their csrc files, each once (DIRECT_KERNELS)
 
 
 def shim_name(op: ShimOp, version: int = 1) -> str:
@@ -156,7 +156,8 @@ def _one_shim(
         call, helper, declaration = _direct_helper(op)
         plan.helpers.append(helper)
         plan.kernel_declarations.append(declaration)
-        plan.kernel_sources.append(kernel[1])
+        if kernel[1] not in plan.kernel_sources:
+            plan.kernel_sources.append(kernel[1])
         include = None
     else:
         call, helper = _dispatcher_helper(op)

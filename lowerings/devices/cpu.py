@@ -173,7 +173,7 @@ def woq_gemm_preferred(rec: QuantLinear) -> str | None:
         return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
     min_m, max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
     if not (is_static(rec.k) and is_static(rec.n)):
-        return f"K={rec.k}, N={rec.n} are not static: the op's weight is packed at compile time"
+        return f"K={rec.k}, N={rec.n} are not static: the weight-size limits below need them"
     weight = int(rec.k) * int(rec.n)
     min_weight = WOQ_GEMM_MIN_WEIGHT.get(isa, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
     if weight < min_weight:
