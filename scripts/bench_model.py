@@ -25,6 +25,10 @@ symbolic batch, as a serving loop does; prefill after a prefill of half the leng
 (torch.compile(dynamic=True)). `--cudagraphs on,off` (CUDA): on is `mode="reduce-overhead"`, for qlower through
 `qlower.inductor_options(mode="reduce-overhead")`. `--cpp-wrapper` (with `--cudagraphs off`): every variant
 compiled with Inductor's C++ wrapper, which launches kernels from C++ (default mode's host cost).
+`--kernel-split` (CUDA): after timing, each row profiles 10 more steps and splits their GPU time per step into
+matmul kernels (cuBLAS's, Inductor's GEMM templates and qlower's Triton kernels) and everything else (attention,
+norms, RoPE, casts, and a dequantize Inductor fuses on its own); the HBM floor of the weight bytes is then
+also given against the matmul time alone, which says how much of a step the weight format can still win.
 
 Timing: after the compile call and `--warmup` calls, `--reps` steps (at least 20 on CUDA). CUDA with graphs:
 median of CUDA-event times per step; without graphs and on CPU: median wall clock per step (CUDA synchronized
@@ -52,6 +56,8 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import functools
+import importlib
 import io
 import json
 import os
@@ -450,6 +456,8 @@ class Row:
     vs_bf16: float | None = None
     weight_bytes: int = 0
     hbm_floor: float | None = None  # floor time / step time (CUDA)
+    gpu_matmul_s: float | None = None  # --kernel-split: matmul kernels' GPU time per step
+    gpu_other_s: float | None = None  # --kernel-split: every other kernel's GPU time per step
     rel_err: float | None = None
     graphs_compiled: int = (
         0  # Dynamo graphs this row's calls compiled (0: an earlier workload's graph served)
@@ -512,6 +520,52 @@ def time_steps(
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return times
+
+
+_CUBLAS_MATMUL = ("nvjet", "gemm", "splitKreduce", "cutlass", "xmma", "triton_tem_")
+
+
+@functools.cache
+def qlower_kernel_names() -> frozenset[str]:
+    """Names of qlower's Triton kernels (the `triton.jit` functions of lowerings/kernels/triton), as the
+    profiler names their launches."""
+    import pkgutil
+
+    import triton
+
+    from qlower.lowerings.kernels import triton as qtriton
+
+    names = set()
+    for info in pkgutil.iter_modules(qtriton.__path__):
+        mod = importlib.import_module(f"{qtriton.__name__}.{info.name}")
+        for obj in vars(mod).values():
+            while not isinstance(obj, triton.JITFunction) and hasattr(obj, "fn"):  # autotuned, heuristics
+                obj = obj.fn
+            if isinstance(obj, triton.JITFunction):
+                names.add(obj.__name__)
+    return frozenset(names)
+
+
+def is_matmul_kernel(name: str) -> bool:
+    return name in qlower_kernel_names() or any(tag in name for tag in _CUBLAS_MATMUL)
+
+
+def kernel_split(step: Callable[[], Any], cudagraphs: bool, steps: int = 10) -> tuple[float, float]:
+    """(matmul, other) GPU seconds per step over `steps` profiled steps (`is_matmul_kernel` decides)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            if cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            step()
+        torch.cuda.synchronize()
+    split = [0.0, 0.0]
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            split[0 if is_matmul_kernel(ev.name) else 1] += ev.device_time_total * 1e-6 / steps
+    return split[0], split[1]
 
 
 def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -584,6 +638,8 @@ def run_row(
     row.tokens_per_s = wl.batch * wl.tokens / row.seconds
     if device.startswith("cuda"):
         row.hbm_floor = row.weight_bytes / (args.hbm_tbps * 1e12) / row.seconds
+        if args.kernel_split:
+            row.gpu_matmul_s, row.gpu_other_s = kernel_split(lambda: fn(x, wl.start), row.cudagraphs)
     row.note = "; ".join(notes)
 
 
@@ -750,6 +806,8 @@ def table(rows: list[Row]) -> str:
                     cells.append(_fmt_time(r.seconds) + ratio)
             out.append(f"| {wl} | " + " | ".join(cells) + " |")
         out.append("")
+    split = any(r.gpu_matmul_s is not None for r in rows)
+    split_head = ["GPU: matmuls", "GPU: other", "HBM floor / matmuls"] if split else []
     head = [
         "variant",
         "workload",
@@ -759,6 +817,7 @@ def table(rows: list[Row]) -> str:
         "tokens/s",
         "vs bf16",
         "HBM floor",
+        *split_head,
         "compiles",
         "qlower",
         "note",
@@ -775,12 +834,20 @@ def table(rows: list[Row]) -> str:
             f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "—",
             f"{r.vs_bf16:.2f}×" if r.vs_bf16 else "—",
             f"{r.hbm_floor:.2f}" if r.hbm_floor is not None else "—",
+            *(_split_cells(r) if split else []),
             str(r.graphs_compiled),
             q,
             r.note.replace("|", "/"),
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def _split_cells(r: Row) -> list[str]:
+    if r.gpu_matmul_s is None or r.gpu_other_s is None:
+        return ["—", "—", "—"]
+    floor = r.hbm_floor * r.seconds / r.gpu_matmul_s if r.hbm_floor and r.seconds and r.gpu_matmul_s else None
+    return [_fmt_time(r.gpu_matmul_s), _fmt_time(r.gpu_other_s), f"{floor:.2f}" if floor else "—"]
 
 
 def plot(rows: list[Row], title: str, path: Path) -> Path | None:
@@ -881,6 +948,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="compile every variant with Inductor's C++ wrapper (no graphs)",
     )
+    p.add_argument(
+        "--kernel-split",
+        action="store_true",
+        help="CUDA: profile each row's GPU time into matmul kernels and the rest",
+    )
     p.add_argument("--reps", type=int, default=None, help="timed steps per row (default CUDA 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after the compile call")
     p.add_argument("--budget", type=float, default=1.0, help="CPU: keep timing a row while under this many s")
@@ -906,6 +978,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if "on" in graphs and not cuda:
         p.error("--cudagraphs on needs --device cuda")
     args.cudagraphs = [g == "on" for g in graphs]
+    if args.kernel_split and not cuda:
+        p.error("--kernel-split profiles CUDA kernels: add --device cuda")
     if args.cpp_wrapper and any(args.cudagraphs):
         p.error("--cpp-wrapper is measured without CUDA graphs: add --cudagraphs off")
     args.reps = args.reps or (30 if cuda else 5)

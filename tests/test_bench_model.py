@@ -113,3 +113,23 @@ def test_weight_bytes_of_llama3_8b_layers() -> None:
     assert bm.weight_bytes(bm.FULL, "woq", 1) == 4 * (elems + 2 * (6144 + 4096 + 28672 + 4096))
     assert bm.weight_bytes(bm.FULL, "mxfp4", 1) == 4 * (elems // 2 + elems // 32)
     assert bm.weight_bytes(bm.FULL, "bf16", 2) == 2 * 2 * elems
+
+
+def test_kernel_split_names_matmuls() -> None:
+    """`--kernel-split` counts qlower's Triton kernels and cuBLAS's as matmuls (names as the H200 profiler
+    gives them), Inductor's fused pointwise / reduction kernels and attention as the rest."""
+    pytest.importorskip("triton")
+    bm = _load()
+    names = bm.qlower_kernel_names()
+    assert {"woq_decode_kernel", "qlinear_mm_kernel", "mx_hfma_gemv_kernel", "mx_bf16_mm_kernel"} <= names
+    for name in ("woq_decode_kernel", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", "triton_tem_fused_mm_0"):
+        assert bm.is_matmul_kernel(name), name
+    assert bm.is_matmul_kernel("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>")
+    for name in (
+        "triton_poi_fused_mul_silu_split_view_5",
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_view_4",
+        "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_35_16x128x128",
+    ):
+        assert not bm.is_matmul_kernel(name), name
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--device", "cpu", "--kernel-split"])

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from cpu_woq_choice import with_woq_gemm
 from torch import nn
+from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import qlower
@@ -243,6 +244,46 @@ def test_forced_isa_is_checked(monkeypatch):
         monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, missing[0])
         with pytest.raises(RuntimeError, match="this CPU supports only"):
             _call(x, w, s, b, "output_scale")
+
+
+# ---- torch.compile: the scale reaches the kernel as the graph holds it
+
+SCALE_FORMS = {  # name: (scale dtype, shape of the stored scale); x is bf16
+    "bf16_vector": (BF16, (48,)),
+    "fp16_column": (FP16, (48, 1)),  # bf16 * fp16 promotes the product to fp32
+    "fp32_row": (FP32, (1, 48)),  # torchao-like fp32 scale, no cast in the graph: an fp32 product
+    "one_element": (BF16, (1,)),  # broadcast over N: an [N] fp32 copy is passed
+}
+
+
+@pytest.mark.parametrize("form", list(SCALE_FORMS))
+def test_compiled_call_passes_the_graphs_scale(form, monkeypatch):
+    """A scale in a dtype the kernel reads goes in as the graph's tensor (a view), so no conversion kernel runs
+    before the op; the output equals the eager op on the same operands bit for bit, and float64 within the
+    formula's roundings. A one-element scale is expanded to an [N] copy first."""
+    dtype, shape = SCALE_FORMS[form]
+    with_woq_gemm(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(-128, 128, (48, 40), generator=g, dtype=torch.int8)
+    s = (torch.rand(shape, generator=g) + 0.5).to(dtype)
+    x = torch.randn(3, 40, generator=g).to(BF16)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, w.to(x.dtype)) * s.reshape(-1)
+
+    qlower.clear_reports()
+    got, (code,) = run_and_get_code(torch.compile(f, options=qlower.inductor_options()), x)
+    assert [d.lowering for d in qlower.last_report().lowered] == ["qlower.woq_int8_gemm"]
+    assert got.dtype == f(x).dtype
+    assert "qlower.woq_int8_gemm.default(" in code
+    if s.numel() == 1:
+        assert "cpp_fused" in code  # the [N] copy of the scale
+    else:
+        assert "cpp_fused" not in code, code
+    want = custom_ops.woq_int8_gemm(x, w, s.reshape(-1).float().expand(48), None, False, got.dtype)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    ref = (x.double() @ w.double().t()) * s.reshape(-1).double()
+    assert ((got.double() - ref).abs().max() / ref.abs().max()).item() <= 2 * REL_TOL[BF16]
 
 
 # ---- one AOTInductor compile: the lowering, its C shim, the package, the C++ deployment

@@ -25,7 +25,7 @@ from qlower.lowerings.emit.common import (
 )
 from qlower.lowerings.kernels import custom_ops
 from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
-from qlower.patterns.graph_utils import aten, tensor_val
+from qlower.patterns.graph_utils import aten, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -179,6 +179,20 @@ def _fused_bias(em: Emitter, rec: QuantLinear, core_dtype: torch.dtype) -> fx.No
     return rec.bias if bv.dim() == 1 else em.reshape(rec.bias, [rec.n])
 
 
+_WOQ_GEMM_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _woq_gemm_scale(em: Emitter, rec: QuantLinear) -> fx.Node:
+    """The scale operand of `qlower::woq_int8_gemm`: the graph's own [N] tensor as a view where its dtype is
+    one the kernel reads (it widens it to fp32 itself, exactly), so no conversion kernel runs before each call;
+    else `scale_vector`'s fp32 copy, which Inductor runs as a kernel of its own before every call
+    (tests/test_cpu_woq_gemm.py checks the generated code has none)."""
+    v = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
+    if v is None or v.dtype not in _WOQ_GEMM_SCALE_DTYPES or not known_eq(v.numel(), rec.n):
+        return scale_vector(em, rec, torch.float32)
+    return rec.weight_scale if v.dim() == 1 else em.reshape(rec.weight_scale, [rec.n])
+
+
 def emit_woq_int8_gemm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """`qlower::woq_int8_gemm` (lowerings/kernels/csrc/woq_gemm.cpp): the int8 weight converted inside the
     GEMM's K loop, in the graph's own arithmetic. Output scale (`F.linear(x, w.to(x.dtype)) * s`): the fp32 sums
@@ -194,7 +208,7 @@ def emit_woq_int8_gemm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     em = Emitter(graph, rec.output)
     w_nk = rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
     on_weight = rec.weight_scale is not None and scale_on_weight(rec)
-    scale = None if rec.weight_scale is None else scale_vector(em, rec, torch.float32)
+    scale = None if rec.weight_scale is None else _woq_gemm_scale(em, rec)
     core_dtype = rec.compute_dtype if rec.weight_scale is None or on_weight else product_dtype(rec)
     bias = _fused_bias(em, rec, core_dtype)
     core = em.call(custom_ops.woq_int8_gemm, rec.x, w_nk, scale, bias, on_weight, core_dtype)
