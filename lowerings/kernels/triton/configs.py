@@ -367,14 +367,17 @@ def dynamic_plan(
     """A symbolic M's launches: per M bucket the config a static M in it gets (`static_config(m, k, n, device)`),
     up to `max_m` (None: every M; the last range open-ended). Fewer launches, since each costs host time
     outside CUDA graphs: a bucket the device's `table` did not measure takes the next measured bucket's config
-    (where any bucket of this (K, N) was measured), and consecutive buckets with one config merge."""
+    (where any bucket of this (K, N) was measured), and consecutive buckets with one config merge. M = 1 is
+    the exception: it always gets the static M = 1 config, never a larger bucket's (the one-row decode tile
+    beat the two-row one at M = 1 on four shapes: BENCHMARKS.md, "Whole decoder, CUDA (H200): changing batch
+    under CUDA graphs")."""
     tops = [min(b, max_m) if max_m is not None else b for b in M_BUCKETS]
     tops = sorted(set(tops))
     measured = [t for t in tops if table.get((t, k, n), device) is not None]
     plan: list[list] = []
     lo = 1
     for i, top in enumerate(tops):
-        rep = next((t for t in measured if t >= top), top)
+        rep = top if top == 1 else next((t for t in measured if t >= top), top)
         cfg = _dynamic_twin(static_config(rep, k, n, device), rep, k, n)
         end = None if (max_m is None and i == len(tops) - 1) else top
         if plan and plan[-1][2] == cfg:
