@@ -39,8 +39,9 @@ from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-# Largest M at which the packed kernel beats dequant + GEMM on the CI CPU, per activation dtype. bf16, 1 thread
-# (2026-11-30, the float copy into a reused buffer; BENCHMARKS.md "CPU, woq_int8"): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
+# Largest M at which the packed kernel beats dequant + GEMM, per activation dtype. bf16, 1 thread, on the
+# AVX512-BF16 EPYC the CI ran on then (2026-11-30, a sweep against the float copy into a reused buffer; the
+# numbers are here, the table of that run is in git history): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
 # (4096->14336), 0.25 vs 0.34 ms (1024^2); M=16 packed 8.73 vs 7.42 ms, 29.4 vs 24.1 ms, 0.48 vs 0.41 ms.
 # (It was 64 while the dequant + GEMM paid ~16 ms of page faults per call at 4096^2.)
 PACKED_MAX_M = {torch.bfloat16: 8, torch.float16: 1, torch.float32: 1}
