@@ -67,3 +67,24 @@ __all__ = [
     "set_mx_default",
     "woq_int8_config",
 ]
+
+
+def triton_kernel_names() -> frozenset[str]:
+    """Names of qlower's Triton kernels (the `triton.jit` functions of lowerings/kernels/triton), as a profiler
+    names their launches (`scripts/bench_model.py --kernel-split`)."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    from qlower.lowerings.kernels import triton as qtriton
+
+    names = set()
+    for info in pkgutil.iter_modules(qtriton.__path__):
+        mod = importlib.import_module(f"{qtriton.__name__}.{info.name}")
+        for obj in vars(mod).values():
+            while not isinstance(obj, triton.JITFunction) and hasattr(obj, "fn"):  # autotuned, heuristics
+                obj = obj.fn
+            if isinstance(obj, triton.JITFunction):
+                names.add(obj.__name__)
+    return frozenset(names)

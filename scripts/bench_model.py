@@ -57,7 +57,6 @@ import copy
 import dataclasses
 import datetime
 import functools
-import importlib
 import io
 import json
 import os
@@ -527,23 +526,9 @@ _CUBLAS_MATMUL = ("nvjet", "gemm", "splitKreduce", "cutlass", "xmma", "triton_te
 
 @functools.cache
 def qlower_kernel_names() -> frozenset[str]:
-    """Names of qlower's Triton kernels (the `triton.jit` functions of lowerings/kernels/triton), as the
-    profiler names their launches."""
-    import pkgutil
+    from qlower.tuning import triton_kernel_names  # imports Triton
 
-    import triton
-
-    from qlower.lowerings.kernels import triton as qtriton
-
-    names = set()
-    for info in pkgutil.iter_modules(qtriton.__path__):
-        mod = importlib.import_module(f"{qtriton.__name__}.{info.name}")
-        for obj in vars(mod).values():
-            while not isinstance(obj, triton.JITFunction) and hasattr(obj, "fn"):  # autotuned, heuristics
-                obj = obj.fn
-            if isinstance(obj, triton.JITFunction):
-                names.add(obj.__name__)
-    return frozenset(names)
+    return triton_kernel_names()
 
 
 def is_matmul_kernel(name: str) -> bool:
