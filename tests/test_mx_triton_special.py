@@ -243,7 +243,7 @@ def test_emission_passes_the_records_weight_flags(fn, m, want):
         kernel_side_table.get_kernel(h.kwargs["kernel_idx"]).fn.__name__: h.kwargs["kwargs"].get("SPECIAL")
         for h in _lowered_hops(fn, *specs)
     }
-    flags.pop("mx_splitk_reduce_kernel", None)  # sums fp32 partials: no scales
+    flags.pop("splitk_reduce_kernel", None)  # sums fp32 partials: no scales
     assert flags and all(f == want for f in flags.values()), flags
 
 

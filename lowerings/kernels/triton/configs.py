@@ -351,16 +351,6 @@ WOQ_TMA_FALLBACK = mm(128, 128, 64, 4, 4, fast=2)
 MRange = tuple[int, "int | None", KernelConfig]
 
 
-def _dynamic_twin(cfg: KernelConfig, bucket: int, k: int, n: int) -> KernelConfig:
-    """What a symbolic M's launch runs for a static pick: the same config, except that split-K (its fp32
-    accumulator and cast cannot share one output with the other buckets' launches) becomes its unsplit tile;
-    at M <= 16 that is the 16-row PTX tile measured for that side of K vs N (at 14336->4096 the 64-column tile
-    unsplit ran 40 us, the 32-column 26; lab-archive BENCHMARKS.md)."""
-    if cfg.split_k == 1:
-        return cfg
-    return _mm16_ptx(k, n) if bucket <= 16 else KernelConfig(**{**cfg.__dict__, "split_k": 1})
-
-
 def dynamic_plan(
     static_config, table: TunedTable, k: int, n: int, device: str | None = None, max_m: int | None = None
 ) -> list[MRange]:
@@ -370,7 +360,8 @@ def dynamic_plan(
     (where any bucket of this (K, N) was measured), and consecutive buckets with one config merge. M = 1 is
     the exception: it always gets the static M = 1 config, never a larger bucket's (the one-row decode tile
     beat the two-row one at M = 1 on four shapes: BENCHMARKS.md, "Whole decoder, CUDA (H200): changing batch
-    under CUDA graphs")."""
+    under CUDA graphs"). Split-K configs stay split: the launcher gives a gated split-K range an accumulator
+    and a cast of its own (`int8_ops._launch_all`)."""
     tops = [min(b, max_m) if max_m is not None else b for b in M_BUCKETS]
     tops = sorted(set(tops))
     measured = [t for t in tops if table.get((t, k, n), device) is not None]
@@ -378,7 +369,7 @@ def dynamic_plan(
     lo = 1
     for i, top in enumerate(tops):
         rep = top if top == 1 else next((t for t in measured if t >= top), top)
-        cfg = _dynamic_twin(static_config(rep, k, n, device), rep, k, n)
+        cfg = static_config(rep, k, n, device)
         end = None if (max_m is None and i == len(tops) - 1) else top
         if plan and plan[-1][2] == cfg:
             plan[-1][1] = end

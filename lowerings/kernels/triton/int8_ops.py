@@ -21,6 +21,7 @@ from qlower.lowerings.kernels.triton.int8_kernels import (
     woq_int8_gemv_kernel,
 )
 from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, flat, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.splitk import reduce_into
 from qlower.lowerings.kernels.triton.tuned import current_device_name
 from qlower.lowerings.kernels.triton.woq_decode import woq_decode_kernel
 from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
@@ -349,19 +350,26 @@ def _launch_all(
     out: torch.Tensor | None,
     round_ws: int = 0,
 ) -> torch.Tensor:
-    """Run the launches into `out` (None: a new [M, N] buffer; fp32 and zeroed, then cast, for split-K)."""
+    """Run the launches into `out` (None: a new [M, N] buffer). A split-K launch adds its K slices by fp32
+    atomics into zeros: alone (a static M), into its own buffer, cast as a whole; gated (one range of a
+    symbolic M), into a buffer of M * gate rows, cast into `out` by a reduce launch gated alike, so that it
+    shares `out` with the other ranges and costs nothing where its range does not run."""
     m = a.shape[0]
     n = w.shape[0]
-    if any(cfg.split_k > 1 for cfg, _ in launches):
-        assert out is None and len(launches) == 1, "split-K: one static launch into its own accumulator"
-        acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
-        for cfg, gate in launches:
-            _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
+    if out is None and len(launches) == 1 and launches[0][0].split_k > 1 and is_static(launches[0][1]):
+        cfg, gate = launches[0]
+        acc = torch.zeros((m * gate, n), dtype=torch.float32, device=a.device)
+        _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
         return acc.to(out_dtype)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     for cfg, gate in launches:
-        _launch(cfg, a, w, ws, xs, bias, out, gate, round_ws)
+        if cfg.split_k == 1:
+            _launch(cfg, a, w, ws, xs, bias, out, gate, round_ws)
+            continue
+        acc = torch.zeros((m * gate, n), dtype=torch.float32, device=a.device)
+        _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
+        reduce_into(out, acc, gate, launch=wrap_triton)
     return out
 
 

@@ -18,8 +18,6 @@ Why a second set of kernels: at M=1 the MX GEMV is memory-bound in theory but in
     (value * 2**-14, f16 subnormal for 0.5), then `cvt.f32.f16`. No fp8 convert unit involved.
 - Products are summed per word in an fp32 fma chain, per 32-block, then times the block's scale (one
   multiply per 32 elements); the scale tile [BLOCK_N, BLOCK_K/32] is loaded once per iteration.
-- `mx_splitk_reduce_kernel`: sums the fp32 partials [SPLIT_K, M, N] of a split-K `mx_hfma` launch (its GEMV
-  sibling here, which `mx_hfma` beat at every measured M <= 4, is in git tag lab-archive).
 - `mx_decode_mm_kernel`: M up to 16-64: decoded, scaled weights cast to bf16 (exact) into `tl.dot`.
 
 Inputs: x [M, K] float; w_words int32 [N, K/8] (e2m1) or [N, K/4] (fp8) — a `.view(torch.int32)` of the
@@ -200,24 +198,6 @@ def _load_w(w_ptr, rn3, n_mask, kw3, lim, stride_wn, CHECK_K: tl.constexpr, EVIC
 
 
 @triton.jit
-def mx_splitk_reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, M, N, SPLIT,
-    stride_ps, stride_pm, stride_om, stride_on,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """out[m, n] = sum over splits of the fp32 partials [+ bias], cast to out's dtype (deterministic)."""
-    m = tl.program_id(1)
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = rn < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        acc += tl.load(part_ptr + s * stride_ps + m * stride_pm + rn, mask=mask, other=0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=mask, other=0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rn * stride_on, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _join_words(vals, EPW: tl.constexpr):
     """Tuple of EPW [R, C] tensors (element e of each word) -> [R, C * EPW] in K order."""
     if EPW == 8:
@@ -348,5 +328,4 @@ def as_words(w: torch.Tensor) -> Optional[torch.Tensor]:
 __all__ = [
     "BITS", "CVT", "F16BITS", "E2M1", "E4M3", "E5M2", "DecodeConfig", "as_words", "elems_per_word",
     "mx_decode_mm_kernel",
-    "mx_splitk_reduce_kernel",
 ]  # fmt: skip

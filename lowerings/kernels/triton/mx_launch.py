@@ -16,9 +16,9 @@ from qlower.lowerings.kernels.triton.mx_decode import (
     elems_per_word,
     fmt_consts,
     mx_decode_mm_kernel,
-    mx_splitk_reduce_kernel,
 )
 from qlower.lowerings.kernels.triton.mx_hfma import mx_hfma_gemv_kernel
+from qlower.lowerings.kernels.triton.splitk import reduce_into
 
 
 def launch_decode(
@@ -103,11 +103,7 @@ def launch_decode(
         raise ValueError(f"unknown MX decode kernel {cfg.kernel!r} (hfma, mm, bf16mm)")
     if split == 1:
         return
-    rblock = 1024
-    k(mx_splitk_reduce_kernel)[(cdiv(n, rblock), m * gate)](
-        part, b, out, m, n, split, part.stride(0), part.stride(1), out.stride(0), out.stride(1),
-        HAS_BIAS=bias is not None, BLOCK=rblock, num_warps=4,
-    )  # fmt: skip
+    reduce_into(out, part, gate, bias, k)
 
 
 def dense_bf16(
