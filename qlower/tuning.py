@@ -17,6 +17,7 @@ from qlower.lowerings.kernels.triton import mx_ops as _mx_ops
 # int8 kernels (woq_int8, dynamic_int8): config constructors, the tables, the rules, one-config launches
 gemv = _configs.gemv
 mm = _configs.mm
+tma = _configs.tma
 decode_fma = _configs.decode_fma
 decode_dot = _configs.decode_dot
 m_bucket = _configs.m_bucket

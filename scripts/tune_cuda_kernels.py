@@ -97,7 +97,7 @@ def _decode_size_candidates(m: int) -> list[Any]:
 
 
 def _woq_candidates(m: int, k: int, n: int) -> list[Any]:
-    from qlower.tuning import gemv, mm
+    from qlower.tuning import gemv, mm, tma
 
     if m <= 2:
         return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=0),
@@ -114,9 +114,12 @@ def _woq_candidates(m: int, k: int, n: int) -> list[Any]:
                 mm(16, 64, 256, 4, 4, swap=True, fast=0), mm(16, 64, 256, 4, 4, swap=True, split_k=2),
                 mm(16, 64, 256, 4, 4), mm(16, 64, 512, 4, 3), mm(16, 32, 512, 4, 4), mm(16, 128, 256, 4, 4),
                 mm(16, 64, 256, 4, 4, fast=0)]  # fmt: skip
-    if m <= 64:
-        return [mm(64, 64, 128, 4, 4), mm(64, 128, 128, 4, 4), mm(64, 64, 256, 4, 4, swap=True),
-                mm(64, 128, 128, 4, 4, swap=True), mm(32, 64, 256, 4, 4, swap=True), mm(64, 128, 64, 4, 4)]  # fmt: skip
+    if m <= 64:  # the PTX conversions (fast 2 / 3) won every M <= 64 point since; split-K where N is small
+        return [mm(64, 64, 128, 4, 4, fast=2), mm(64, 128, 128, 4, 4, fast=2), mm(64, 128, 64, 4, 4, fast=2),
+                mm(32, 64, 256, 4, 4, fast=2), mm(32, 128, 128, 4, 4, fast=2), mm(64, 32, 256, 4, 4, fast=2),
+                mm(32, 64, 256, 4, 4, split_k=2, fast=2), mm(32, 64, 256, 4, 4, split_k=4, fast=2),
+                mm(64, 64, 128, 4, 4, swap=True, fast=3), mm(64, 64, 128, 4, 4, swap=True, split_k=2, fast=3),
+                mm(64, 128, 128, 4, 4, swap=True, fast=3), tma(64, 128, 128, 4, 4, 2, fast=2)]  # fmt: skip
     if m <= 256:
         return [mm(64, 128, 128, 4, 4), mm(128, 128, 64, 8, 3), mm(128, 128, 128, 8, 3), mm(64, 256, 64, 8, 3),
                 mm(128, 64, 128, 4, 4), mm(128, 128, 64, 4, 4, swap=True)]  # fmt: skip

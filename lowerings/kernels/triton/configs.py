@@ -228,6 +228,14 @@ _H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
     (4, 4096, 28672): MM16_NARROW_PTX,  # 43.04 (MM16_WIDE_PTX 43.79)
     (8, 4096, 28672): MM16_NARROW_PTX,  # 36.45 (MM16_WIDE_PTX 43.80)
     (16, 4096, 28672): MM16_NARROW_PTX,  # 36.52 (MM16_WIDE_PTX 43.94)
+    # M = 64 at the decoder's fused shapes: sweep of 2026-12-02 (`python scripts/tune_cuda_kernels.py --sweep
+    # --sweep-families woq_int8 --sweep-m 64 --sweep-kn 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`;
+    # "was": the rule's pick, same run; bf16 F.linear timed alongside). The other three shapes kept their
+    # entries or rule (4096^2 16.7, bf16 11.7; 14336->4096 47.3, split-K 2 47.1, bf16 36.0: below bf16).
+    # 19.1 us (was mm(32, 64, 256, fast=2) 24.9; bf16 16.3)
+    (64, 4096, 6144): mm(64, 64, 128, 4, 4, swap=True, fast=3),
+    # 55.1 us (was mm(64, 64, 128, swap=True, fast=3) 58.0; bf16 61.0)
+    (64, 4096, 28672): mm(64, 128, 64, 4, 4, fast=2),
 }
 # The TMA sweep on the H200 (2026-11-30; lab-archive BENCHMARKS.md, "CUDA (H200): dynamic_int8, the TMA
 # kernel"; script and raw output at that tag): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
