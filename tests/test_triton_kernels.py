@@ -346,18 +346,47 @@ MS = (1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000)
 w = torch.randint(-128, 128, (N, K), dtype=torch.int8)
 ws, b = torch.rand(N) + 0.5, torch.randn(N).to(torch.float16)
 
+# every launch whose grid is not empty, by kernel name: each M must run exactly one range's kernel (every
+# kernel is right at any M, so a launch that ignores its gate shows up here, not in the numbers)
+launched = []
+_wrap = ops.wrap_triton
+
+
+def _recording(kernel):
+    wrapped = _wrap(kernel)
+
+    class Rec:
+        def __getitem__(self, grid):
+            if all(int(g) > 0 for g in grid):
+                launched.append(getattr(kernel, "__name__", None) or kernel.fn.__name__)
+            return wrapped[grid]
+
+    return Rec()
+
+
+ops.wrap_triton = _recording
+HELPERS = ("x_limbs_kernel", "splitk_reduce_kernel")
+
+
+def one_range(tag, m):
+    main = [name for name in launched if name not in HELPERS]
+    assert len(main) == 1, (tag, m, launched)
+    launched.clear()
+
 
 def check(tag):
     for dense in (0, 256):
         for m in MS:
             x = torch.randn(m, K, dtype=torch.float16)
             out = ops.launch_as_dynamic(x, w, ws, bias=b, dense_above=dense)
+            one_range((tag, "woq", dense), m)
             r = x.double() @ w.double().T * ws.double() + b.double()
             err = ((out.double() - r).norm() / r.norm()).item()
             assert out.dtype == torch.float16 and out.shape == (m, N) and err < 3e-3, (tag, "woq", dense, m, err)
     for m in MS:
         xq, xs = torch.randint(-128, 128, (m, K), dtype=torch.int8), torch.rand(m, 1) / 127
         out = ops.launch_as_dynamic(xq, w, ws / 127, xs, b, torch.float16)
+        one_range((tag, "dynamic_int8"), m)
         r = xq.double() @ w.double().T * xs.double() * (ws / 127).double() + b.double()
         err = ((out.double() - r).norm() / r.norm()).item()
         assert out.dtype == torch.float16 and out.shape == (m, N) and err < 3e-3, (tag, "dynamic_int8", m, err)
@@ -372,6 +401,26 @@ for static, table in ((configs.woq_int8_config, configs.WOQ_INT8_TUNED),
     plan = configs.dynamic_plan(static, table, K, N)
     assert [(lo, hi) for lo, hi, c in plan if c.split_k == 2] == [(2, 16)], plan
 check("split-K")
+# Every kind of launch as some range of a symbolic M (seeded random tables): each launcher must honour its
+# gate, or a range that is off runs too (the int8-limb launch once ignored it: `one_range` catches that)
+import random
+
+C = configs
+WOQ_POOL = [C.decode_fma(2, 16, 32), C.decode_dot(16, 16, 32), C.gemv(4, 16, 32), C.mm(16, 32, 32, 4, 4, fast=2),
+            C.mm(32, 16, 32, 4, 4, swap=True, fast=3), C.mm(16, 32, 32, 4, 4, split_k=2, fast=2),
+            C.limbs(16, 16, 32), C.tma(64, 64, 32, 4, 3, 2, fast=2)]
+DYN_POOL = [C.mm(16, 32, 32, 4, 4), C.mm(32, 16, 32, 4, 4, swap=True), C.mm(16, 32, 32, 4, 4, split_k=2),
+            C.tma(64, 64, 32, 4, 3, 2)]
+kinds = set()
+for seed in range(3):
+    rng = random.Random(seed)
+    for bucket in (1, 2, 4, 16, 64, 256, 1024):
+        C.WOQ_INT8_TABLE[(bucket, K, N)] = rng.choice(WOQ_POOL)
+        C.DYNAMIC_INT8_TABLE[(bucket, K, N)] = rng.choice(DYN_POOL)
+    kinds |= {c.kernel + ("-split" if c.split_k > 1 else "")
+              for lo, hi, c in C.dynamic_plan(C.woq_int8_config, C.WOQ_INT8_TUNED, K, N)}
+    check(f"random table {seed}")
+assert {"decode", "gemv", "mm", "mm-split", "limbs", "tma"} <= kinds, kinds
 print("ok")
 """
 

@@ -77,7 +77,7 @@ def _launch(
         )  # fmt: skip
         return
     if cfg.kernel == "limbs":
-        _launch_limbs(cfg, a, w, ws, bias, out, round_ws)
+        _launch_limbs(cfg, a, w, ws, bias, out, round_ws, gate)
         return
     if cfg.kernel == "gemv":
         grid = (cdiv(n, cfg.block_n) * gate, cdiv(m, cfg.block_m), cfg.split_k)
@@ -113,18 +113,22 @@ def _launch_limbs(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     round_ws: int = 0,
+    gate: Any = 1,
 ) -> None:
-    """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM."""
+    """woq-int8 on int8 tensor cores (woq_limbs.py): x -> three int8 digit planes and row scales, then one GEMM.
+    Both launches and the scratch are gated like every other launch here (a dynamic-M range off: no work)."""
     m = a.shape[0]
     n, k = w.shape
     if k > LIMBS_MAX_K:  # no table entry or rule picks this kernel now; a sweep must not pass more
         raise ValueError(f"the int8-limb kernel keeps int32 sums exact for K <= {LIMBS_MAX_K}, got K={k}")
-    limbs = torch.empty((3, m, k), dtype=torch.int8, device=a.device)
-    rs = torch.empty((m,), dtype=torch.float32, device=a.device)
-    wrap_triton(x_limbs_kernel)[(m,)](a, limbs, rs, m, k, a.stride(0), a.stride(1), BLOCK=1024, num_warps=4)
+    limbs = torch.empty((3, m * gate, k), dtype=torch.int8, device=a.device)
+    rs = torch.empty((m * gate,), dtype=torch.float32, device=a.device)
+    wrap_triton(x_limbs_kernel)[(m * gate,)](
+        a, limbs, rs, m, k, a.stride(0), a.stride(1), BLOCK=1024, num_warps=4
+    )  # fmt: skip
     ws1, s_ws = flat(ws)
     b1, s_b = flat(bias) if bias is not None else (ws1, 0)
-    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), 1, 1)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n) * gate, 1, 1)
     wrap_triton(woq_limb_mm_kernel)[grid](
         limbs, rs, w, ws1, b1, out, m, n, k, w.stride(0), w.stride(1), s_ws, s_b, out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, ROUND_WS=round_ws, BLOCK_M=cfg.block_m,
