@@ -59,6 +59,10 @@ case as drawn. The others each target one defect class, with several spellings, 
   (`nan_to_num`), the fp4 table a module buffer (the e2m1 values, or NF4's codebook), fp4 packed high nibble
   first — over data holding scale codes 0 and 255, NaN encodings and every fp4 byte; and the spec's own decode
   over NaN / Inf fp8 elements and code 255 (`spec_codes`: lowered, its NaN / Inf outputs where eager has them).
+- `cudagraphs=True` (a plain dynamic CUDA case, half of them): compiled with
+  `inductor_options(mode="reduce-overhead")`, so a symbolic M runs the gated launches (one per M range into
+  one output) rather than default mode's host `if`s; each call is the third of three (warm-up, recording,
+  replay). (Two MXFP4 dequantize + cuBLAS ranges once shared the first one's gate: zeros above M = 128.)
 - `matvec` (woq, MX): M = 1 in the matrix-vector form Inductor's `mm` decomposition leaves on GPUs once
   `coordinate_descent_tuning` is on (torchao's `quantize_` turns it on): both operands upcast to fp32, the
   broadcast product summed over K, cast back. `matvec=decomposed` (CUDA) compiles the case's own form with
@@ -410,6 +414,10 @@ def make_case(
     if variant != "plain":
         case.extra["variant"] = variant
         VARIANT_DRAWS[variant](rng, case)
+    # drawn last, so a seed keeps every earlier choice: a dynamic CUDA case under CUDA graphs gets the gated
+    # launches (one per M range into one output), not the host `if`s of default mode
+    if case.device == "cuda" and case.dynamic and variant == "plain" and rng.random() < 0.5:
+        case.extra["cudagraphs"] = True
     return case
 
 
@@ -853,12 +861,29 @@ def _families(case: Case) -> tuple[str, ...] | None:
 def _compile(model: nn.Module, case: Case, with_qlower: bool = True):
     torch._dynamo.reset()
     qlower.clear_reports()
+    graphs = bool(case.extra.get("cudagraphs"))
+    mode = "reduce-overhead" if graphs else None
     opts = (
-        {"options": qlower.inductor_options(kernel_preference=case.preference, families=_families(case))}
+        {
+            "options": qlower.inductor_options(
+                kernel_preference=case.preference, families=_families(case), mode=mode
+            )
+        }
         if with_qlower
-        else {}
+        else ({"mode": mode} if graphs else {})
     )
     return torch.compile(model, dynamic=case.dynamic or None, fullgraph=True, **opts)
+
+
+def _call(compiled, x: torch.Tensor, case: Case) -> Any:
+    """One call; under CUDA graphs (`cudagraphs`) the third of three (warm-up, recording, replay), cloned
+    before the next call's replay overwrites it."""
+    if not case.extra.get("cudagraphs"):
+        return compiled(x)
+    for _ in range(3):
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(x)
+    return out.clone()
 
 
 @dataclass
@@ -1029,9 +1054,9 @@ def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = Fa
         if case.dynamic and not obs:
             torch._dynamo.mark_dynamic(x, x.dim() - 2)
         if obs:
-            out = compiled(x)
+            out = _call(compiled, x, case)
         else:  # the compiling call: its generated code is checked too
-            out, codes = run_and_get_code(compiled, x)
+            out, codes = run_and_get_code(_call, compiled, x, case)
             LEADING_DIMS[0].extend(short_leading_dims(codes))
         if case.device == "cuda":
             torch.cuda.synchronize()

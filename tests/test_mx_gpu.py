@@ -212,6 +212,30 @@ def test_dynamic_m_decode_buckets():
         assert _rel(y, ref) <= 1e-2
 
 
+BUCKET_EDGES = (1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000)
+
+
+@pytest.mark.parametrize("w_elem", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("cudagraphs", [False, True])
+def test_dynamic_m_matches_float64_at_every_bucket_edge(w_elem, cudagraphs):
+    """MX weight-only with a symbolic M, at each M bucket edge of issue 18's list, in default mode (host `if`s
+    on M) and under CUDA graphs (gated launches, no skipped graph), against float64."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    f, _ = _model(None, w_elem, 4096, 4096)
+    cf = _compiled(f, dynamic=True, mode="reduce-overhead" if cudagraphs else None)
+    w_ref = fmt.dequantize_f64(f.q, f.e, w_elem)
+    with torch.no_grad():
+        for m in BUCKET_EDGES:
+            x = torch.randn(m, 4096, device=DEV, dtype=torch.bfloat16)
+            for _ in range(3 if cudagraphs else 1):  # under CUDA graphs: record, then replay
+                y = cf(x)
+            assert _rel(y, x.double() @ w_ref.t()) <= 1e-2, (w_elem, m)
+    assert all(d.lowered for r in qlower.all_reports() for d in r), qlower.last_report().table()
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
 @pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("m", [1, 3, 9, 64])
 def test_every_fp8_code_decodes_as_torch(elem, m):

@@ -9,6 +9,7 @@ numerics vs float64 on shapes off the tile grid, and torch.compile / AOTInductor
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import random
 import subprocess
@@ -532,6 +533,38 @@ def test_a_batch_bounded_below_the_crossover_builds_no_cublas_range(host_branch)
     assert launched and "woq_dequant_kernel" not in launched, launched
     assert not any(nd.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
                    for g in graphs for nd in g.graph.nodes), gm.graph  # fmt: skip
+
+
+@needs_triton
+@pytest.mark.parametrize("k, n", [(4096, 4096), (4096, 14336), (14336, 4096), (1056, 4256)])
+def test_gated_mx_weight_only_runs_one_bucket_at_every_m(k, n):
+    """The CUDA-graph form of `qlower::mx_linear` (MXFP4 weight-only, bf16 x: gated launches into one output):
+    at every M exactly one bucket's kernel has a non-empty grid (a split-K reduce aside), the one
+    `mx_ops.pick_weight_only` names. Where N <= K two buckets (M 65-128, 129+) dequantize for cuBLAS; only the
+    first one's gate used to reach that shared launch, and M > 128 got an all-zero output on the H200
+    (tests/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge)."""
+    from qlower.lowerings.kernels.triton import mx_ops
+
+    e2m1 = mx_ops.ELEM_CODE["e2m1"]
+    w, codes = (
+        torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
+        torch.full((n, k // 32), 127, dtype=torch.uint8),
+    )
+    gm = _traced_dynamic_m(
+        lambda x, w, s: torch.ops.qlower.mx_linear(x, None, w, s, None, 0, e2m1, False, False, torch.bfloat16, False),
+        torch.randn(8, k, dtype=torch.bfloat16), w, codes,
+    )  # fmt: skip
+    assert not any(nd.target is torch.ops.higher_order.cond for nd in gm.graph.nodes), gm.graph
+    sym = next(nd for nd in gm.graph.nodes if nd.op == "placeholder").meta["val"].shape[0].node.expr
+    kernel = {"hfma": "mx_hfma", "bf16mm": "mx_bf16_mm_kernel", "bf16dq": "mx_bf16_dequant_kernel"}
+    seen = set()
+    for m in (1, 2, 3, 4, 5, 15, 16, 17, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 5000):
+        running = [name for name, args in _leaf_at(gm, sym, m)
+                   if math.prod(args["grid"]) > 0 and name != "splitk_reduce_kernel"]  # fmt: skip
+        cfg = mx_ops.pick_weight_only(m, e2m1, k, n, torch.bfloat16)
+        seen.add(cfg.kernel)
+        assert len(running) == 1 and kernel[cfg.kernel] in running[0], (k, n, m, cfg.kernel, running)
+    assert {"hfma", "bf16mm", "bf16dq"} <= seen, seen
 
 
 @needs_triton

@@ -517,9 +517,13 @@ def _decode_or_current(
                     hi,
                 )
             )
+    # Every dequantize + cuBLAS bucket (N <= K: M 65-128 and above 128) shares one dense output, gated on where
+    # M is in any of them: their gates are 0/1 over disjoint ranges, so their sum is too. (Only the first
+    # bucket's gate once reached it: M > 128 got all zeros under CUDA graphs on the H200; the configs differ
+    # in the dequantize tile at most, and every tile computes the same bf16 weight.)
     base = [p for p in plan if p[0] is not None and p[0].kernel == "bf16dq"]
     out = (
-        dense(base[0][0], base[0][2])
+        dense(base[0][0], sum(p[2] for p in base))
         if base
         else torch.empty((m, w.shape[0]), dtype=out_dtype, device=w.device)
     )
