@@ -97,7 +97,20 @@ def _check_generate(family: str, device: str, dtype: torch.dtype) -> None:
         gap = float(top2[0] - top2[1])
         assert gap < 1e-2 * float(want_scores[0, step].abs().max()), (family, step, want, got)
         same = same[:step]
-    # the logits of every step up to the first divergence stay close to eager's
+    # the logits of every step up to the first divergence stay close to eager's: within the bound, or within
+    # twice what stock torch.compile (no qlower) gives on this CPU. On an AVX512-VNNI EPYC stock compile
+    # itself differed from torchao's eager dynamic-int8 by 5e-3..9e-3 per step in fp32 (qlower: the same
+    # numbers), above the 1e-3 bound; on AVX2 both are within it.
     steps = len(same)
-    err = (got_scores[0, :steps] - want_scores[0, :steps]).norm() / want_scores[0, :steps].norm()
-    assert float(err) < (5e-2 if dtype == torch.bfloat16 else 1e-3), float(err)
+
+    def rel(scores: torch.Tensor) -> float:
+        return float((scores[0, :steps] - want_scores[0, :steps]).norm() / want_scores[0, :steps].norm())
+
+    err, bound = rel(got_scores), (5e-2 if dtype == torch.bfloat16 else 1e-3)
+    if err >= bound:
+        torch._dynamo.reset()
+        stock = copy.deepcopy(model)
+        stock.forward = torch.compile(stock.forward)
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            _, stock_scores = _greedy(stock, ids, tokens)
+        assert err < 2 * rel(stock_scores), (family, err, rel(stock_scores))
