@@ -360,10 +360,10 @@ def _launch_all(
     shares `out` with the other ranges and costs nothing where its range does not run."""
     m = a.shape[0]
     n = w.shape[0]
-    if out is None and len(launches) == 1 and launches[0][0].split_k > 1 and is_static(launches[0][1]):
-        cfg, gate = launches[0]
-        acc = torch.zeros((m * gate, n), dtype=torch.float32, device=a.device)
-        _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
+    alone = out is None and len(launches) == 1 and is_static(launches[0][1]) and int(launches[0][1]) == 1
+    if alone and launches[0][0].split_k > 1:
+        acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
+        _launch(launches[0][0], a, w, ws, xs, bias, acc, 1, round_ws)
         return acc.to(out_dtype)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
