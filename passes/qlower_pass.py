@@ -81,6 +81,7 @@ class QLowerPass(CustomGraphPass):
         reporting.dump_graph(graph)
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
         inductor_fixes.fix_int_mm_unit_strides()  # any `_int_mm` in this graph, lowered by qlower or not
+        inductor_fixes.fix_cpp_loop_split_sizes()  # fused groups of unequal loop sizes (MX backward)
         for family in self.families:
             self._lower_family(graph, family, report)
         if "mx" in self.families:

@@ -83,3 +83,78 @@ def test_training_with_e8m0_scales_compiles_and_matches_eager(a_elem, w_elem):
     assert [d.lowering for d in rows if str(d.shape[2]) == "96"] == ["mx_dequant_mm"], rows  # the forward
     backward = [d for d in rows if str(d.shape[2]) == "64"]  # grad_x = grad_y @ dequant(w): blocks along N
     assert len(backward) == 1 and backward[0].lowering is None, rows
+
+
+# torchao's MX training recipes (forward x @ w.T, dgrad g @ w, wgrad g.T @ x, each quantized to MXFP8 along its
+# own K): (tokens, K, N) with square, non-square and odd block counts (K = 160: 5 blocks; 96 tokens: 3 blocks
+# for the wgrad). Each failed in Inductor's C++ loop split before
+# `inductor_fixes.fix_cpp_loop_split_sizes`.
+TRAINING_SHAPES = [(128, 64, 64), (128, 160, 64), (128, 128, 256), (96, 96, 160)]
+
+
+def _torchao_mx_training(kind: str, k: int, n: int, device: str) -> torch.nn.Module:
+    pytest.importorskip("torchao")
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    if kind == "MXFP8Linear":
+        return MXFP8Linear(k, n, bias=True, kernel_preference=KernelPreference.EMULATED).to(
+            device, torch.bfloat16
+        )
+    model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(device, torch.bfloat16)
+    quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+    return model
+
+
+def _step(fn, model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> list[torch.Tensor]:
+    """Output and every gradient of one forward + backward."""
+    xi = x.clone().requires_grad_(True)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = None
+    y = fn(xi)
+    y.backward(cot)
+    return [y.detach(), xi.grad, *(p.grad.clone() for p in params)]
+
+
+def check_torchao_mx_training(kind: str, tokens: int, k: int, n: int, device: str) -> None:
+    """Compiled with qlower, torchao's MX training step matches torchao's eager MX, and each of its three
+    matmuls (forward, dgrad, wgrad) is a row of the report: (M, K, N) = (T, K, N), (T, N, K), (N, T, K)."""
+    torch.manual_seed(0)
+    model = _torchao_mx_training(kind, k, n, device)
+    x = torch.randn(2, tokens // 2, k, dtype=torch.bfloat16, device=device)
+    cot = torch.randn(2, tokens // 2, n, dtype=torch.bfloat16, device=device)
+    eager = _step(model, model, x, cot)
+    torch._dynamo.reset()
+    qlower.clear_reports()
+    compiled = _step(torch.compile(model, options=qlower.inductor_options()), model, x, cot)
+    names = ["out", "grad x", *(name for name, _ in model.named_parameters())]
+    for name, got, want in zip(names, compiled, eager, strict=True):
+        rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+        assert rel <= 1e-2, (name, rel)  # the same MX decode; only bf16 output rounding may differ
+    rows = [d for r in qlower.all_reports() for d in r]
+    shapes = sorted(tuple(int(s) for s in d.shape) for d in rows if d.family == "mx")
+    assert shapes == sorted([(tokens, k, n), (tokens, n, k), (n, tokens, k)]), rows
+    assert all(d.lowered for d in rows if d.family == "mx"), [(d.shape_text, d.reason) for d in rows]
+
+
+CASES = [("MXFP8Linear", s) for s in TRAINING_SHAPES] + [
+    ("MXFP8TrainingOpConfig", s) for s in TRAINING_SHAPES[::3]
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape"), CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v
+)
+def test_torchao_mx_training_matches_eager_mx(kind, shape):
+    check_torchao_mx_training(kind, *shape, device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("kind", "shape"), CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v
+)
+def test_torchao_mx_training_matches_eager_mx_cuda(kind, shape):
+    check_torchao_mx_training(kind, *shape, device="cuda")

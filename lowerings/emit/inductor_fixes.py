@@ -102,3 +102,25 @@ def fake_qlinear_prepack() -> None:
 
 def _qlinear_prepack_fake(weight: torch.Tensor, x_shape: list[int] | None = None) -> torch.Tensor:
     return weight.new_empty((weight.shape[1], weight.shape[0]))
+
+
+@functools.cache
+def fix_cpp_loop_split_sizes() -> None:
+    """torch 2.11-2.13: the C++ backend's `try_loop_split` asserts on a fused group whose nodes have the
+    same number of loop dims but different sizes (`AssertionError: ({y0: 128, y1: 2, y2: 32}, {y0: 64, y1: 4,
+    y2: 32})`): it checks only the dims' count. torchao's MX training backward, lowered by qlower, fuses
+    the decodes of its dgrad and wgrad operands (blocks along different dims) into such a group. The split is an optional vectorization aid: a group whose nodes disagree on their sizes is generated unsplit,
+    as Inductor already does for the other incompatible groups (tests/test_mx_training.py)."""
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    original = CppScheduling.try_loop_split
+    if getattr(original, "_qlower_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def try_loop_split_same_sizes(self, nodes):
+        sizes = {tuple(node.node.get_default_sizes_body()[0][0]) for node in nodes}
+        return nodes if len(sizes) > 1 else original(self, nodes)
+
+    try_loop_split_same_sizes._qlower_wrapped = True  # type: ignore[attr-defined]
+    CppScheduling.try_loop_split = try_loop_split_same_sizes
