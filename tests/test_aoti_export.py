@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aoti_cuda import needs_cuda_package_load
+from conftest import SUBPROCESS_TIMEOUT_S
 from torch import nn
 
 import qlower
@@ -196,7 +197,7 @@ def test_package_runs_without_qlower_python_on_the_cpp_ops_library(export, tmp_p
         [sys.executable, "-c", textwrap.dedent(_WITHOUT_QLOWER), str(lib.path), exported.package, str(data)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=Path(exported.package).parent,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

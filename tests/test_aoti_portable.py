@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aoti_cuda import needs_cuda_package_load
+from conftest import SUBPROCESS_TIMEOUT_S
 from cpu_woq_choice import with_woq_gemm, without_woq_gemm
 from test_aoti_export import quantized_mlp
 from torch import nn
@@ -120,7 +121,7 @@ def run_fresh(moved: Moved, script: str, tmp_path: Path) -> list[torch.Tensor]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip() == "ok", proc.stdout[-2000:]
@@ -220,7 +221,7 @@ def test_without_registered_ops_the_package_raises_naming_the_op(moved, tmp_path
         cwd=moved.folder,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"Could not find schema for qlower::{moved.op}" in proc.stdout, proc.stdout[-2000:]

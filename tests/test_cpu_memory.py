@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or platform.libc_ver()[1] < "2.33",
@@ -37,7 +38,10 @@ print(applied, mapped, kept)
 
 def _run(mode: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_SCRIPT), mode], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(_SCRIPT), mode],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.split()

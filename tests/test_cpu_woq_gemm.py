@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SUBPROCESS_TIMEOUT_S
 from cpu_woq_choice import with_woq_gemm
 from torch import nn
 from torch._inductor.utils import run_and_get_code
@@ -379,7 +380,7 @@ def test_package_runs_its_own_copy_of_the_kernel(package, tmp_path):
         [sys.executable, "-c", textwrap.dedent(_NEITHER), path, str(data)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=tmp_path,
         env={**os.environ, "QLOWER_CACHE_DIR": str(empty)},
     )
@@ -416,7 +417,7 @@ def test_package_and_op_run_on_the_cpp_ops_library_without_qlower(package, tmp_p
         [sys.executable, "-c", textwrap.dedent(_WITHOUT_QLOWER), str(lib.path), path, str(data)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=tmp_path,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SUBPROCESS_TIMEOUT_S
 from torch import fx, nn
 from woq_models import WoqLinear
 
@@ -243,7 +244,7 @@ def test_cli_demo_on_a_missing_device_prints_no_traceback() -> None:
         [sys.executable, "-m", "qlower", "demo", "--device", "cuda"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""

@@ -12,14 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import SUBPROCESS_TIMEOUT_S
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fuzz_compile.py"
 OK = {"pass", "left_alone", "declined", "unmatched", "misrecognized", "imprecise", "upstream"}
 
 
 def test_fuzz_runs_and_records_every_case(tmp_path: Path) -> None:
     cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--cases", "6", "--seed", "11",
-           "--budget-s", "120", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((tmp_path / "fuzz_cpu.json").read_text())
     cases = record["cases"]
@@ -78,8 +80,8 @@ def _pick_seeds() -> dict[str, int]:
 def test_fuzz_variants_one_case_per_defect_class(tmp_path: Path) -> None:
     picks = _pick_seeds()
     cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--only", *map(str, picks.values()),
-           "--variant", *VARIANTS, "--budget-s", "600", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+           "--variant", *VARIANTS, "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     cases = {c["seed"]: c for c in json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]}
     assert set(cases) == set(picks.values())

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
 
 pytest.importorskip("triton")
 
@@ -63,7 +64,7 @@ SCRIPT = textwrap.dedent(
 def test_kernels_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -148,7 +149,11 @@ DECODE_SCRIPT = textwrap.dedent(
 def test_decode_kernels_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", DECODE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", DECODE_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -237,7 +242,11 @@ SPECIAL_CODES_SCRIPT = textwrap.dedent(
 def test_every_fp8_code_decodes_as_torch_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", SPECIAL_CODES_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SPECIAL_CODES_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()

@@ -20,6 +20,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SUBPROCESS_TIMEOUT_S
 
 import qlower
 from qlower.patterns import mx_format as fmt
@@ -154,7 +155,7 @@ def interpreter_results() -> dict[int, list[str]]:
     """Every case under every flag value, in one interpreter subprocess (TRITON_INTERPRET before import)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out: dict[int, list[str]] = {}

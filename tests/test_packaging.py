@@ -11,6 +11,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from conftest import SUBPROCESS_TIMEOUT_S
+
 import qlower
 import qlower.lowerings
 import qlower.passes
@@ -80,7 +82,7 @@ def test_wheel_maps_folders_into_one_package(tmp_path):
         ],
         check=True,
         capture_output=True,
-        timeout=600,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     (wheel,) = tmp_path.glob("qlower-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -94,7 +95,7 @@ def test_doc_example_runs(title, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, f"{title}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     shell = section_code(title, text, "bash")
@@ -106,7 +107,7 @@ def test_doc_example_runs(title, tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=SUBPROCESS_TIMEOUT_S,
         )
         assert proc.returncode == 0, f"{title} (shell):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import SUBPROCESS_TIMEOUT_S
 from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -136,7 +137,7 @@ def test_out_of_tree_backend_onboards_with_one_call():
         [sys.executable, "-c", ONBOARDING_SCRIPT],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=os.path.dirname(os.path.abspath(__file__)),
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SUBPROCESS_TIMEOUT_S
 from woq_models import assert_close_to_reference
 
 from qlower import testing
@@ -115,7 +116,7 @@ def _run_python(script: str) -> str:
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=TESTS,
         env={**os.environ, "TRITON_INTERPRET": "1"},
     )

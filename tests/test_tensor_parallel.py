@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import tp_models as tpm
+from conftest import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -49,7 +50,6 @@ if HAS_TORCHAO:
 # (another summation order) moves the result by ~3e-4, a per-shard instead of a full-K scale by 1.5e-2.
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-3}
 TOL_ACTIVATIONS_BF16 = {"dynamic_int8": 3e-2, "mx": 8e-2}
-SPAWN_TIMEOUT_S = 420  # the ranks take ~40 s of CPU each (`time pytest` on this file: 80 s user in all)
 
 
 def _free_port() -> int:
@@ -65,12 +65,12 @@ def results(tmp_path_factory) -> dict[str, list[tpm.Result]]:
     ctx = mp.start_processes(
         tpm.worker, args=(_free_port(), CASES, str(out)), nprocs=tpm.WORLD, join=False, start_method="spawn"
     )
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(f"the TP=2 ranks did not finish in {SPAWN_TIMEOUT_S} s")
+            pytest.fail(f"the TP=2 ranks did not finish in {SUBPROCESS_TIMEOUT_S} s")
     ranks = [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(tpm.WORLD)]
     return {case: [ranks[r][case] for r in range(tpm.WORLD)] for case in CASES}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from aoti_cuda import needs_cuda_package_load
+from conftest import SUBPROCESS_TIMEOUT_S
 from woq_models import WoqLinear
 
 import qlower
@@ -34,12 +35,12 @@ TESTS = Path(__file__).resolve().parent
 KERNEL_NAMES = ("qlinear_mm_kernel", "woq_int8_gemv_kernel", "woq_decode_kernel")
 
 
-def _run_python(script: str, env: dict[str, str] | None = None, timeout: int = 300) -> str:
+def _run_python(script: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=TESTS,
         env={**os.environ, **(env or {})},
     )

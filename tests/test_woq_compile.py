@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import SUBPROCESS_TIMEOUT_S
 from cpu_woq_choice import without_woq_gemm
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
@@ -214,7 +215,7 @@ def test_bf16_odd_k_never_crashes_or_miscomputes():
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=os.path.dirname(__file__),
         env=env,
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from conftest import SUBPROCESS_TIMEOUT_S
 from dynamic_int8_forms import per_token
 from torch import nn
 
@@ -474,9 +475,10 @@ def worker(rank: int, port: int, cases: list[str], out_dir: str) -> None:
     torch._inductor.config.compile_threads = 1
     torch._inductor.config.fx_graph_cache = False  # every case runs qlower's pass (a cache hit would not)
     torch._functorch.config.enable_autograd_cache = False
-    # a collective whose peer died fails after this long instead of hanging (long enough for a peer still
-    # compiling on cores another pytest worker shares: 120 s timed out once there)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=400))
+    # a collective waits this long for its peer: the hang guard, not a speed limit (a peer still compiling on
+    # cores another pytest worker shares took over 120 s once; a peer that died fails the parent's join at once)
+    timeout = datetime.timedelta(seconds=SUBPROCESS_TIMEOUT_S)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timeout)
     results: dict[str, Result] = {}
     try:
         for case in cases:
