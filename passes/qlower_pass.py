@@ -56,7 +56,8 @@ class QLowerPass(CustomGraphPass):
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"qlower: unknown families {unknown}; known: {sorted(FAMILIES)}")
-        self.families = tuple(families)
+        # `FAMILIES`' order, not the caller's: a decision must not depend on the order of a set
+        self.families = tuple(f for f in FAMILIES if f in families)
         self.preference = parse_preference(preference)
 
     def __repr__(self) -> str:

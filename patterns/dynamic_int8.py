@@ -124,7 +124,7 @@ def _dequant_ops() -> dict[str, tuple[Any, ...]]:
 
 def _dequant_path_op(node: fx.Node) -> bool:
     """Ops a dequantized int8 value flows through on its way into a matmul."""
-    if is_transpose_2d(node) or convert_target_dtype(node) is not None:
+    if is_transpose_2d(node) or convert_target_dtype(node) is not None or _is_row_of_vector(node):
         return True
     if is_call(node, (*VIEW_OPS, *MUL_OPS, *_SUB_OPS, *ADD_OPS)):
         return True
@@ -159,6 +159,15 @@ def _operand_factor(factor: Any, data: Any, role: str, flips: int) -> Factor | s
     return found
 
 
+def _is_row_of_vector(node: fx.Node) -> bool:
+    """`unsqueeze(x, 0)` of a 1-D activation [K]: the one-row [1, K] matrix a vector-matrix product
+    (`F.linear` / `@` of a 1-D input) multiplies."""
+    if not is_call(node, (aten.unsqueeze.default,)) or node.args[1] != 0:
+        return False
+    v = tensor_val(node.args[0])
+    return v is not None and v.dim() == 1
+
+
 def _trace_operand(operand: Any, role: str) -> _Operand | str | None:
     """Walk from a matmul operand back to an int8 tensor.
 
@@ -174,7 +183,7 @@ def _trace_operand(operand: Any, role: str) -> _Operand | str | None:
             return None
         if role == "w" and is_transpose_2d(cur):
             op.flips += 1
-        elif role == "x" and is_call(cur, VIEW_OPS):
+        elif role == "x" and (is_call(cur, VIEW_OPS) or _is_row_of_vector(cur)):
             pass
         elif v.dtype == torch.int8:
             op.source, op.via = cur, op.via or "int"
@@ -573,6 +582,14 @@ def _match(mm: fx.Node) -> Candidate | None:
         nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes, *_qdq_producers(x_op.source)),
         act_quant=act,
         form=form,
+    )
+
+
+def describes(mm: fx.Node) -> bool:
+    """Whether this family records the matmul `mm` exactly (a QuantLinear, not a rejection): another
+    family's recognizer must then leave it to this one, whichever families are enabled and in any order."""
+    return is_call(mm, (aten._int_mm.default, aten.mm.default, aten.addmm.default)) and isinstance(
+        _match(mm), QuantLinear
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from qlower.patterns import dynamic_int8
 from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
@@ -42,6 +43,11 @@ from qlower.patterns.graph_utils import (
 from qlower.patterns.record import Candidate, QuantLinear, Rejection, ScaleCast
 
 FAMILY = "woq_int8"
+# An activation that is itself a dequantized int8 tensor, which dynamic_int8 records exactly: a float GEMM on
+# it would be right but slower than the int8 one, and the decision must not depend on which family runs first.
+DYNAMIC_ACTIVATION = (
+    "activation is a dequantized int8 tensor: a dynamic_int8 linear (left to that family; enable it to lower)"
+)
 _MAX_WALK = 12
 # ops that change only a tensor's shape, never its values (the scale chain between a cast and its multiply)
 _SHAPE_OPS = (
@@ -219,6 +225,8 @@ def _match(site: MatmulSite) -> Candidate | None:
     base = dict(family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, k, n))
     if isinstance(path, str):
         return Rejection(reason=path, **base)
+    if dynamic_int8.describes(mm):
+        return Rejection(reason=DYNAMIC_ACTIVATION, **base)
     wv = tensor_val(path.source)
     if wv is None or wv.dim() != 2:
         return Rejection(reason="weight is not a 2-D tensor", **base)

@@ -15,7 +15,9 @@ from qlower.patterns import FAMILIES
 
 
 def parse_families(families: Iterable[str] | None) -> tuple[str, ...]:
-    """The family names `families` stands for (None: all), checked, in the given order without repeats.
+    """The family names `families` stands for (None: all), checked, without repeats, in `FAMILIES`' order
+    whatever order they were given in: options built from any order of one set are equal, and the pass
+    decides every subgraph the same way (tests/test_report_and_errors.py::test_family_order_*).
 
     A bare string is refused: iterating it would give one "family" per character.
     """
@@ -41,7 +43,7 @@ def parse_families(families: Iterable[str] | None) -> tuple[str, ...]:
         raise ValueError(
             f"qlower: unknown families {unknown} in families={list(names)!r}; valid names: {valid}"
         )
-    return tuple(dict.fromkeys(names))
+    return tuple(f for f in FAMILIES if f in names)
 
 
 def inductor_options(
