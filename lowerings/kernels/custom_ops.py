@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from qlower.lowerings.kernels import native
 from qlower.lowerings.kernels.cpu_prepack import CACHE
 from qlower.lowerings.kernels.cpu_scratch import scratch
 
@@ -130,8 +131,6 @@ def _woq_int8_gemm_loading(
     scale_on_weight: bool,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    from qlower.lowerings.kernels import native
-
     return native.ops().woq_int8_gemm(x, w_nk, scale, bias, scale_on_weight, out_dtype)
 
 
@@ -157,3 +156,7 @@ woq_int8_gemm = torch.ops.qlower.woq_int8_gemm.default
 PYTHON_RUNTIME_ONLY = frozenset(
     {"qlower::qlinear_u8_cached", "qlower::int8_weight_mm", "qlower::int8_scaled_weight_mm"}
 )
+
+# qlower's operators are registered now: a qlower library loaded after this point would define them again, and
+# registers nothing; torch.ops.load_library says so (lowerings/kernels/native.py, tests/test_native_library.py).
+native.check_library_loads()
