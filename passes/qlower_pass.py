@@ -23,11 +23,12 @@ from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.common import EMITTED_BRANCH
 from qlower.lowerings.emit.mx import legalize_e8m0
 from qlower.lowerings.preference import parse_preference
-from qlower.lowerings.registry import decision_env, emit_chosen
+from qlower.lowerings.registry import Choice, decision_env, emit_chosen
 from qlower.passes import report as reporting
 from qlower.passes.canonicalize import canonicalize
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
 from qlower.patterns.graph_utils import tensor_val
+from qlower.patterns.unclaimed import find_unclaimed
 
 # Environment variables the pass itself reads (each backend declares those its rules read: `decision_env`).
 PASS_ENV = ("QLOWER_AOTI_SHIMS",)
@@ -83,14 +84,19 @@ class QLowerPass(CustomGraphPass):
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
         inductor_fixes.fix_int_mm_unit_strides()  # any `_int_mm` in this graph, lowered by qlower or not
         inductor_fixes.fix_cpp_loop_split_sizes()  # fused groups of unequal loop sizes (MX backward)
+        covered: set[fx.Node] = set()  # every node a decision of this graph is about
         for family in self.families:
-            self._lower_family(graph, family, report)
+            self._lower_family(graph, family, report, covered)
+        for row in find_unclaimed(graph, covered, self.families):  # no linear-shaped product stays silent
+            reporting.add(report, self._lower(graph, row))
         if "mx" in self.families:
             legalize_e8m0(graph)  # what stays unlowered must still compile (no e8m0 type in C++ codegen)
         graph.lint()
         aoti_runtime.prepare_compile(graph)  # AOTInductor: call qlower's ops through C shims
 
-    def _lower_family(self, graph: fx.Graph, family: str, report: reporting.Report) -> None:
+    def _lower_family(
+        self, graph: fx.Graph, family: str, report: reporting.Report, covered: set[fx.Node]
+    ) -> None:
         """Decide every candidate of one family once.
 
         A rewrite erases its matched nodes, and a later candidate found in the same scan may reference one of
@@ -110,6 +116,7 @@ class QLowerPass(CustomGraphPass):
                     rescan = True
                     break
                 decided.add(anchor)
+                covered.update(_record_nodes(cand))
                 reporting.add(report, self._lower(graph, cand))
 
     def _lower(self, graph: fx.Graph, cand: QuantLinear | Rejection) -> reporting.Decision:
@@ -118,6 +125,7 @@ class QLowerPass(CustomGraphPass):
                 family=cand.family,
                 device=str(cand.device),
                 shape=_describe_shape(cand),
+                shape_label=reporting.shape_label(_describe_shape(cand)),
                 dtype=str(cand.dtype),
                 lowering=None,
                 reason=cand.reason,
@@ -128,19 +136,26 @@ class QLowerPass(CustomGraphPass):
             family=cand.family,
             device=str(cand.device),
             shape=_describe_shape(cand),
+            shape_label=reporting.shape_label(_describe_shape(cand)),
             dtype=str(cand.compute_dtype),
             form=cand.form,
             node=cand.output.name,
         )
         if choice.lowering is None:
-            return reporting.Decision(lowering=None, reason=choice.reason, **base)
+            return reporting.Decision(
+                lowering=None, reason=choice.reason, passed_over=choice.passed_over, **base
+            )
         new = emit_chosen(choice.lowering, graph, cand, self.preference)
         _check_same_value(cand.output, new)
         cand.output.replace_all_uses_with(new)
         _erase_dead(graph, cand.nodes)
-        passed = _summarize(choice.passed_over)
         return reporting.Decision(
-            lowering=choice.lowering.name, reason=passed, kind=choice.lowering.kind.name, **base
+            lowering=choice.lowering.name,
+            reason=None,
+            kind=choice.lowering.kind.name,
+            why=_why_chosen(choice, self.preference),
+            passed_over=choice.passed_over,
+            **base,
         )
 
     def uuid(self) -> str:
@@ -190,12 +205,13 @@ def _emitted_by_qlower(cand: QuantLinear | Rejection) -> bool:
     return any(n.meta.get("qlower") for n in (cand.output, *cand.nodes))
 
 
-def _summarize(passed_over: tuple[tuple[str, str], ...]) -> str | None:
-    """'a, b: reason' for lowerings passed over for the same reason."""
-    by_reason: dict[str, list[str]] = {}
-    for name, why in passed_over:
-        by_reason.setdefault(why, []).append(name)
-    return "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items()) or None
+def _why_chosen(choice: Choice, preference: KernelPreference) -> str:
+    """The choice's own reason: the preference that chose it, its rank where lowerings ranked above it were
+    passed over (`AUTO #3`; their reasons: `Decision.passed_over`, `Report.explain`), what the lowering is."""
+    lowering = choice.lowering
+    assert lowering is not None
+    rank = f" #{len(choice.passed_over) + 1}" if choice.passed_over else ""
+    return f"{preference.name}{rank}: {lowering.doc or lowering.name}"
 
 
 def _check_same_value(old: fx.Node, new: fx.Node) -> None:

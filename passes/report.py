@@ -79,11 +79,14 @@ class Decision:
     shape: tuple[Any, Any, Any]  # (M, K, N); M may be symbolic (printed as its expression)
     dtype: str
     lowering: str | None  # the chosen lowering's name, None when left alone
-    reason: str | None  # why it was left alone, or which faster lowerings were passed over and why
+    reason: str | None  # why it was left alone (None when lowered)
     kind: str | None = None  # the chosen lowering's KernelPreference kind
     form: str = ""  # the graph form the pattern matched
     node: str = ""  # name of the replaced node in the graph
     module: str = ""  # qualified name of the source module (`module_of`); "" when the graph did not say
+    why: str = ""  # why the chosen lowering was chosen ("" when left alone)
+    passed_over: tuple[tuple[str, str], ...] = ()  # (lowering, why not) ranked above the chosen one
+    shape_label: str = ""  # `shape_text` as computed when the decision was made ("" to compute it now)
 
     @property
     def lowered(self) -> bool:
@@ -92,11 +95,22 @@ class Decision:
     @property
     def shape_text(self) -> str:
         """M, K, N with a symbolic size printed as its range (`2..inf, 4096, 4096`)."""
-        return ", ".join(dim_text(s) for s in self.shape)
+        return self.shape_label or shape_label(self.shape)
 
     @property
     def short_reason(self) -> str:
+        """The row's "why" column: the choice's own reason when lowered, else why it was left alone."""
+        if self.lowered:
+            return _cut(self.why)
         return short_reason(self.reason)
+
+    @property
+    def passed_over_text(self) -> str:
+        """'a, b: reason' for the lowerings passed over for the same reason, joined by '; '."""
+        by_reason: dict[str, list[str]] = {}
+        for name, why in self.passed_over:
+            by_reason.setdefault(why, []).append(name)
+        return "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
 
 
 # The root of a Dynamo source (`L['self']`, `L['fn']`, `G['model']`, `L['args'][0]` when a module is called
@@ -171,15 +185,25 @@ def _decision_module(name: str) -> str:
     return module_of(node) if node is not None else ""
 
 
-def _bounds(value: Any) -> tuple[str, str] | None:
+def _bounds(value: Any, exported: bool = False) -> tuple[str, str] | None:
+    """The range of a symbolic size. Tracing assumes every size symbol is at least 2 (0/1 specialization):
+    a compiled graph is guarded to that, but an exported one runs from the user's `Dim` minimum, so with
+    `exported` a symbol whose lower bound is that default counts from 1."""
     node = getattr(value, "node", None)
     shape_env = getattr(node, "shape_env", None)
     if shape_env is None:
         return None
     try:
-        from torch.utils._sympy.value_ranges import bound_sympy
+        from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-        vr = bound_sympy(node.expr, shape_env.var_to_range)
+        ranges = dict(shape_env.var_to_range)
+        if exported and shape_env.specialize_zero_one:
+            default = shape_env._default_value_range().lower
+            for sym in node.expr.free_symbols:
+                vr = ranges.get(sym)
+                if vr is not None and vr.lower == default:
+                    ranges[sym] = ValueRanges(1, vr.upper)
+        vr = bound_sympy(node.expr, ranges)
         return _bound_text(vr.lower), _bound_text(vr.upper)
     except Exception:  # a report must never fail a compile: an expression it cannot bound prints as it is
         return None
@@ -197,18 +221,48 @@ def _bound_text(b: Any) -> str:
     return str(b)
 
 
-def dim_text(value: Any) -> str:
+def dim_text(value: Any, exported: bool = False) -> str:
     """A size of a report row: an int as itself, a symbolic size as the range its ShapeEnv allows (`2..inf`;
-    one number when the range is a point), else as its expression (`s81`)."""
+    one number when the range is a point), else as its expression (`s81`). `exported`: see `_bounds`."""
     if isinstance(value, torch.SymInt):
-        bounds = _bounds(value)
+        bounds = _bounds(value, exported)
         if bounds is not None:
             lo, hi = bounds
             return lo if lo == hi else f"{lo}..{hi}"
     return str(value)
 
 
+def _in_aot_compile() -> bool:
+    from torch._inductor.virtualized import V
+
+    return bool(getattr(V, "aot_compilation", False))
+
+
+def shape_label(shape: Any) -> str:
+    """The text of a row's (M, K, N), computed where the decision is made: in an AOTInductor compile a size
+    whose lower bound only 0/1 specialization raised to 2 starts at 1, as the package runs it
+    (`torch.export.Dim("batch", min=1, max=4096)` prints `1..4096`; tests/test_report_rows.py)."""
+    exported = _in_aot_compile()
+    return ", ".join(dim_text(s, exported) for s in shape)
+
+
 REASON_WIDTH = 80
+# What a report says when it holds no decisions for one of two reasons a user cannot see (tests/test_face.py).
+NO_COMPILE_YET = (
+    "no compile with qlower has run yet in this process. torch.compile compiles at the first call of the "
+    "compiled callable; HF `generate` calls the model's own forward, so compile that "
+    "(`model.forward = torch.compile(model.forward, options=qlower.inductor_options())`, README)"
+)
+SERVED_FROM_CACHE = (
+    "qlower's pass did not run in this compile: Inductor served it whole from its cache, and the decisions "
+    "were made when it was first compiled. To see them here, recompile without the caches "
+    "(TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, or torch._inductor.config.force_disable_caches = True), or "
+    "set QLOWER_LOG=1 where it is first compiled"
+)
+
+
+def _cut(text: str, width: int = REASON_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
 def short_reason(reason: str | None, width: int = REASON_WIDTH) -> str:
@@ -216,8 +270,7 @@ def short_reason(reason: str | None, width: int = REASON_WIDTH) -> str:
     if not reason:
         return ""
     first, sep, _ = reason.partition("; ")
-    text = first + (" (+more)" if sep else "")
-    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+    return _cut(first + (" (+more)" if sep else ""), width)
 
 
 @dataclass
@@ -229,6 +282,8 @@ class Report:
     # False when a compile that carried qlower's pass never ran it: Inductor served the graph whole from its
     # AOTAutograd cache (decisions were made, and reported, when it was first compiled).
     pass_ran: bool = True
+    # False for the stand-in `last_report()` returns before any compile carrying qlower's pass opened one.
+    opened: bool = True
 
     def __iter__(self):
         return iter(self.entries)
@@ -247,7 +302,7 @@ class Report:
     def table(self, full: bool = False) -> str:
         """One row per decision; the reason column shows each reason's first clause, cut to REASON_WIDTH
         characters, unless `full` (`explain(i)` gives every field of row i)."""
-        head = ("#", "module", "family", "device", "M, K, N", "dtype", "lowering", "form", "reason")
+        head = ("#", "module", "family", "device", "M, K, N", "dtype", "lowering", "form", "why")
         rows = [
             (
                 str(i),
@@ -255,19 +310,17 @@ class Report:
                 d.family,
                 d.device,
                 d.shape_text,
-                d.dtype.replace("torch.", ""),
+                "-" if d.dtype == "None" else d.dtype.replace("torch.", ""),
                 d.lowering or "-- left alone --",
                 d.form,
-                (d.reason or "") if full else d.short_reason,
+                _full_why(d) if full else d.short_reason,
             )
             for i, d in enumerate(self.entries)
         ]
+        if not self.opened:
+            return f"qlower report: {NO_COMPILE_YET}"
         if not self.pass_ran:
-            return (
-                f"qlower report (compile {self.compile_id}): qlower's pass did not run in this compile "
-                "(served whole from Inductor's AOTAutograd cache; its decisions were reported when it was "
-                "first compiled)"
-            )
+            return f"qlower report (compile {self.compile_id}): {SERVED_FROM_CACHE}"
         if not rows:
             return f"qlower report (compile {self.compile_id}): no candidate linears"
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -275,7 +328,7 @@ class Report:
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in [head, *rows]
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        shortened = not full and any(d.short_reason != (d.reason or "") for d in self.entries)
+        shortened = not full and any(d.short_reason != _full_why(d) for d in self.entries)
         return (
             f"qlower report (compile {self.compile_id}): {len(self.lowered)}/{len(self)} lowered\n"
             + "\n".join(lines)
@@ -298,10 +351,13 @@ class Report:
             f"node:     {d.node or '-'}",
             f"lowering: {d.lowering or '-- left alone --'}" + (f" (kind {d.kind})" if d.kind else ""),
         ]
-        clauses = (d.reason or "").split("; ")
-        label = "left alone because" if not d.lowered else "passed over"
-        lines.append(f"{label}:" + ("" if d.reason else " -"))
-        lines += [f"  - {c}" for c in clauses if c]
+        if d.lowered:
+            lines.append(f"chosen:   {d.why or '-'}")
+            lines.append("passed over:" + ("" if d.passed_over else " -"))
+            lines += [f"  - {c}" for c in d.passed_over_text.split("; ") if c]
+        else:
+            lines.append("left alone because:" + ("" if d.reason else " -"))
+            lines += [f"  - {c}" for c in (d.reason or "").split("; ") if c]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -314,6 +370,11 @@ _reports: list[Report] = []
 # compile; a lazily compiled backward runs under its forward's context again). Weak: a context is freed
 # with its compile.
 _by_context: weakref.WeakKeyDictionary[object, Report] = weakref.WeakKeyDictionary()
+
+
+def _full_why(d: Decision) -> str:
+    """The whole text of a row's "why" column: the choice's reason, or why it was left alone."""
+    return d.why if d.lowered else (d.reason or "")
 
 
 def _current_compile() -> tuple[str | None, object | None]:
@@ -376,7 +437,7 @@ def add(report: Report, decision: Decision) -> None:
             decision.shape_text,
             decision.dtype,
             decision.lowering,
-            f" ({decision.reason})" if decision.reason else "",
+            f" ({decision.why})" if decision.why else "",
         )
     else:
         log.info(
@@ -391,12 +452,13 @@ def add(report: Report, decision: Decision) -> None:
 
 
 def last_report() -> Report:
-    """The report of the most recent compile that carried qlower's pass (empty if none has run).
+    """The report of the most recent compile that carried qlower's pass (an empty one saying no compile has
+    run, if none has).
 
     Compiles without qlower's options leave it alone; a lazily compiled backward adds its rows, if the pass
     ran in it, to its forward's report instead of opening a new one."""
     with _lock:
-        return _reports[-1] if _reports else Report(None)
+        return _reports[-1] if _reports else Report(None, opened=False)
 
 
 def all_reports() -> list[Report]:

@@ -33,6 +33,7 @@ from qlower.patterns.graph_utils import (
     VIEW_OPS,
     Factor,
     aten,
+    bias_label,
     convert_target_dtype,
     epilogue_factor,
     factor_kind,
@@ -452,6 +453,20 @@ def _reciprocal_of(node: Any) -> Any:
     return node.args[0] if is_call(node, (aten.reciprocal.default,)) else None
 
 
+def _row_dtype(mm: fx.Node) -> torch.dtype | None:
+    """The float dtype a report row shows (every family's rows show the activation's float dtype): the
+    matmul's own where it is float, else the first float result of its rescale chain, else None."""
+    cur: Any = mm
+    for _ in range(_MAX_WALK):
+        v = tensor_val(cur)
+        if v is not None and v.dtype in FLOAT_DTYPES:
+            return v.dtype
+        if not has_single_user(cur):
+            return None
+        cur = next(iter(cur.users))
+    return None
+
+
 def _match(mm: fx.Node) -> Candidate | None:
     if mm.target is aten.addmm.default:
         bias, a, b = mm.args[:3]
@@ -470,7 +485,7 @@ def _match(mm: fx.Node) -> Candidate | None:
         return None
     m = av.shape[0]
     base = dict(
-        family=FAMILY, anchor=mm, device=av.device, dtype=av.dtype, shape=(m, av.shape[1], bv.shape[1])
+        family=FAMILY, anchor=mm, device=av.device, dtype=_row_dtype(mm), shape=(m, av.shape[1], bv.shape[1])
     )
     for op, role in ((x_op, "activation"), (w_op, "weight")):
         if isinstance(op, str):
@@ -543,7 +558,7 @@ def _match(mm: fx.Node) -> Candidate | None:
             "u8s8" if ep.cancelled_shift else ("u8" if x_op.via == "u8" else ""),
             "asym" if sym == "asymmetric" else "",
             "" if w_zero else "wzp",
-            "bias" if ep.bias is not None else "",
+            bias_label(ep.bias),
             "nd" if out_shape is not None else "",
             "kn_weight" if w_op.flips % 2 == 0 else "",
         )

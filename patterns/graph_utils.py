@@ -259,3 +259,13 @@ def _decomposed_matvec(node: Any) -> MatmulSite | None:
             return None
         nodes.append(xa)
     return MatmulSite("matvec", out, x, wb, None, tuple(nodes))
+
+
+def bias_label(bias: Any) -> str:
+    """The form's name for an absorbed add: "bias" for a vector (numel N, one dim), "residual" for a tensor of
+    more dims whose rows are one because M is 1 (a decoder's residual stream at batch 1 is per channel by
+    shape: absorbing it is exact, and the report says it was not a bias); "" for no add."""
+    if bias is None:
+        return ""
+    v = tensor_val(bias)
+    return "residual" if v is not None and v.dim() >= 2 else "bias"

@@ -36,6 +36,7 @@ from qlower.patterns.graph_utils import (
     VIEW_OPS,
     MatmulSite,
     aten,
+    bias_label,
     convert_target_dtype,
     epilogue_factor,
     factor_kind,
@@ -542,7 +543,9 @@ def _effective_scale(probe: _Probe, runs: list[_Run], d: _Decoding, code: int) -
 
 def _diagnose(probe: _Probe) -> None:
     """Raise _NotMX naming the half of a failing decode that differs: elements under scale code 127, or
-    scale codes times element 1.0. A constant factor off on every element is blamed on the scales."""
+    scale codes times element 1.0. A constant factor off on every element is blamed on the scales, and so is
+    every element difference when code 127 itself does not decode to 1.0 (the element probe then says
+    nothing about the elements: e4m3 scale bytes read 0x7f as NaN; tests/test_report_rows.py)."""
     nq, ne = probe.q_numel, probe.e_numel
     unit = torch.full((ne,), fmt.E8M0_BIAS, dtype=torch.uint8)
     one = torch.full((nq,), fmt.ELEM_ONE_BYTE[probe.elem], dtype=torch.uint8)
@@ -552,7 +555,8 @@ def _diagnose(probe: _Probe) -> None:
     elem_diffs = min((_diffs(probe, elem_runs, _Decoding("nk", o), "elem") for o in orders), key=len)
     scale_diffs = min((_diffs(probe, scale_runs, _Decoding(a), "scale") for a in ("nk", "kn")), key=len)
     ratios = {g / w if w and isfinite(w) and isfinite(g) else None for _, g, w in elem_diffs}
-    if elem_diffs and (len(ratios) > 1 or None in ratios or not scale_diffs):
+    unit_scale_wrong = any(code == fmt.E8M0_BIAS for code, _, _ in scale_diffs)
+    if elem_diffs and not unit_scale_wrong and (len(ratios) > 1 or None in ratios or not scale_diffs):
         code, got, want = min(elem_diffs, key=lambda t: t[0])
         raise _differs("element", probe.elem, f"{code:#04x}", got, want)
     if scale_diffs:
@@ -840,14 +844,14 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
         if why is None:
             return None
         w = Rejection(family=FAMILY, anchor=mm, reason=why, dtype=xv.dtype)
-    if isinstance(w, Rejection):
-        w.shape, w.device, w.anchor = (m, wv.shape[0], wv.shape[1]), xv.device, mm
+    if isinstance(w, Rejection):  # the row's dtype is the activation's, as for every row
+        w.shape, w.device, w.anchor, w.dtype = (m, wv.shape[0], wv.shape[1]), xv.device, mm, xv.dtype
         return w
     k, n = w.k, int(w.rows)
     base = dict(family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, k, n))
     a = _find_operand(x, 0, graph)
     if isinstance(a, Rejection):
-        a.shape, a.device, a.anchor = base["shape"], xv.device, mm
+        a.shape, a.device, a.anchor, a.dtype = base["shape"], xv.device, mm, xv.dtype
         return a
     act_quant = None
     nodes = list(w.nodes)
@@ -892,7 +896,7 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
             f"{act_quant.details['elem']}x{w.elem}" if act_quant else w.elem,
             f"w_scale_{w_layout}",
             site.kind,
-            "bias" if bias is not None else "",
+            bias_label(bias),
             "nd" if out_shape is not None else "",
             "high_nibble_first" if "high_first" in (w.decoding.nibbles, a and a.decoding.nibbles) else "",
             "partial_block" if k % BLOCK else "",

@@ -26,6 +26,7 @@ from qlower.patterns.graph_utils import (
     FLOAT_DTYPES,
     MUL_OPS,
     MatmulSite,
+    bias_label,
     convert_target_dtype,
     epilogue_factor,
     factor_kind,
@@ -282,7 +283,7 @@ def _match(site: MatmulSite) -> Candidate | None:
             if path.scale is not None
             else ("output_scale" if scale is not None else "no_scale"),
             "scale_cast" if cast is not None else "",
-            "bias" if bias is not None else "",
+            bias_label(bias),
             "nd" if out_shape is not None else "",
             "kn_weight" if path.flips % 2 == 0 else "",
         )

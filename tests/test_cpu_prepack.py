@@ -270,24 +270,24 @@ def test_chosen_without_freezing_and_follows_weight_updates():
 def test_not_chosen_for_small_weights_zero_points_or_aot():
     _, report = rewrite_and_run(IntMMDivide(1024, 1024), torch.randn(5, 1024), families=FAMILY)
     (d,) = report
-    assert d.lowering != CACHED and "< 2^22" in d.reason
+    assert d.lowering != CACHED and "< 2^22" in d.passed_over_text
     _, report = rewrite_and_run(AsymInt32(K, N), _x(), families=FAMILY)
     (d,) = report
-    assert d.lowering == "aten._int_mm" and "zero points" in d.reason  # _int_mm compensates them
+    assert d.lowering == "aten._int_mm" and "zero points" in d.passed_over_text  # _int_mm compensates them
     from torch._inductor.virtualized import V
 
     gm = trace_for_inductor(IntMMDivide(K, N), _x())
     with V.set_aot_compilation(True):
         report = apply_pass(gm, families=FAMILY)
     (d,) = report
-    assert d.lowering == "aten._int_mm" and "AOTInductor" in d.reason
+    assert d.lowering == "aten._int_mm" and "AOTInductor" in d.passed_over_text
 
 
 def test_switch_off(monkeypatch):
     monkeypatch.setenv("QLOWER_CPU_PREPACK_CACHE", "0")
     _, report = rewrite_and_run(IntMMDivide(K, N), _x(), families=FAMILY)
     (d,) = report
-    assert d.lowering == "aten._int_mm" and "QLOWER_CPU_PREPACK_CACHE=0" in d.reason
+    assert d.lowering == "aten._int_mm" and "QLOWER_CPU_PREPACK_CACHE=0" in d.passed_over_text
 
 
 @needs_vnni
@@ -350,7 +350,7 @@ def test_slices_of_a_fused_weight_are_not_cached():
             assert (out.double() - ref).abs().max() <= 1.02 * (eager.double() - ref).abs().max() + 1e-6
     decisions = qlower.last_report()
     assert [d.lowering for d in decisions] == ["aten._int_mm", "aten._int_mm"]
-    assert all("a view or computed" in d.reason for d in decisions)
+    assert all("a view or computed" in d.passed_over_text for d in decisions)
     assert CACHE.packs == packs
 
 

@@ -280,7 +280,7 @@ mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
     def test_small_k_stays_s8s8_but_m1_never_does(self):
         _, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(4, 64))
         self.assertEqual(report.entries[0].lowering, "aten._int_mm")
-        self.assertIn("K=64 < 4096: s8s8 measured faster", report.entries[0].reason)
+        self.assertIn("K=64 < 4096: s8s8 measured faster", report.entries[0].passed_over_text)
         for k in (64, 4096):  # s8s8 at M = 1 is wrong on these CPUs (tests/test_torchao_dynamic_int8.py)
             _, report = lowered(IntMMDivide(k, 32, bias=False), torch.randn(1, k))
             (d,) = report
@@ -432,7 +432,7 @@ mul_tensor_1: float32[8, 32] = aten.mul.Tensor(mul_tensor, arg2_1)""",
             text, report = lowered(IntMMDivide(k, n, bias=False), torch.randn(32, k), device="cuda")
             (d,) = report
             self.assertEqual(d.lowering, "int8_mm_emulated")
-            self.assertIn(f"cuBLASLt int8 needs K % 8 == 0 and N % 8 == 0 (K={k}, N={n})", d.reason)
+            self.assertIn(f"cuBLASLt int8 needs K % 8 == 0 and N % 8 == 0 (K={k}, N={n})", d.passed_over_text)
             self.assertNotIn("_int_mm", text)
 
     def test_cuda_explicit_aten_preference_cannot_be_honoured(self):

@@ -114,7 +114,7 @@ _scaled_mm_default: bfloat16[64, 256] = aten._scaled_mm(view_dtype_1, permute_de
         report = lower(gm, (10, 0))
         (d,) = report
         self.assertEqual(d.lowering, "triton.mx_linear")
-        self.assertIn("_scaled_mm needs both operands MX-quantized", d.reason)
+        self.assertIn("_scaled_mm needs both operands MX-quantized", d.passed_over_text)
 
 
 def _depends_only_on(node, env) -> bool:
@@ -135,7 +135,7 @@ def test_aten_preference_on_sm90_is_a_clear_compile_time_error():
 def test_sm90_auto_dynamic_large_m_emulates_and_triton_preference_forces_kernels():
     report = lower(dynamic_graph(), (9, 0))
     assert [d.lowering for d in report] == ["mx_dequant_mm"]
-    assert "measured at 0.15x bf16" in report.entries[0].reason
+    assert "measured at 0.15x bf16" in report.entries[0].passed_over_text
     gm = dynamic_graph()
     report = lower(gm, (9, 0), "TRITON")
     assert [d.lowering for d in report] == ["triton.mx_linear"]
@@ -147,7 +147,7 @@ def test_sm90_auto_dynamic_large_m_emulates_and_triton_preference_forces_kernels
 def test_old_gpus_emulate():
     report = lower(dynamic_graph(), (8, 0))
     (d,) = report
-    assert d.lowering == "mx_dequant_mm" and "Triton fp8 needs capability >= 8.9" in d.reason
+    assert d.lowering == "mx_dequant_mm" and "Triton fp8 needs capability >= 8.9" in d.passed_over_text
 
 
 @needs_triton
@@ -168,5 +168,5 @@ def test_sm90_auto_weight_only_above_decode_sizes_emulates():
         assert [d.lowering for d in lower(graph(m), (9, 0))] == ["triton.mx_linear"], m
     assert [d.lowering for d in lower(graph(16, torch.float16), (9, 0))] == ["triton.mx_linear"]
     (d,) = lower(graph(17, torch.float16), (9, 0))
-    assert d.lowering == "mx_dequant_mm" and "weight-only MX with M=17 > 16" in d.reason
+    assert d.lowering == "mx_dequant_mm" and "weight-only MX with M=17 > 16" in d.passed_over_text
     assert [d.lowering for d in lower(graph(128), (9, 0), "TRITON")] == ["triton.mx_linear"]

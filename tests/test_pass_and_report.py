@@ -80,7 +80,7 @@ def test_report_fields_and_table():
     report = apply_pass(gm)
     (d,) = report.entries
     assert (d.family, d.device, d.shape, d.dtype) == ("woq_int8", "cpu", (6, 24, 32), "torch.bfloat16")
-    assert d.lowering == "dequant_mm" and d.kind == "EMULATED" and "K % 16" in d.reason
+    assert d.lowering == "dequant_mm" and d.kind == "EMULATED" and "K % 16" in d.passed_over_text
     table = report.table()
     assert "1/1 lowered" in table and "dequant_mm" in table and "6, 24, 32" in table
 

@@ -101,7 +101,7 @@ _weight_int8pack_mm_default: bfloat16[1, 32] = aten._weight_int8pack_mm(arg2_1, 
             without_woq_gemm(mp)
             text, report = lowered(WoqLinear(64, 32, BF16), torch.randn(256, 64, dtype=BF16))
         self.assertEqual(report.entries[0].lowering, "dequant_mm")
-        self.assertIn("M=256 > 8", report.entries[0].reason)
+        self.assertIn("M=256 > 8", report.entries[0].passed_over_text)
         self.assertExpectedInline(
             text,
             """\
@@ -131,7 +131,7 @@ reshape_default: bfloat16[s77, s27, 32] = aten.reshape(woq_int8_mm_by_m_default,
     def test_bf16_k24_avoids_packed_kernel(self):
         text, report = lowered(WoqLinear(24, 32, BF16), torch.randn(2, 3, 24, dtype=BF16))
         self.assertEqual(report.entries[0].lowering, "dequant_mm")
-        self.assertIn("K % 16 == 0 (K=24)", report.entries[0].reason)
+        self.assertIn("K % 16 == 0 (K=24)", report.entries[0].passed_over_text)
         self.assertNotIn("_weight_int8pack_mm", text)
         self.assertExpectedInline(
             text,
@@ -158,7 +158,7 @@ reshape_default: bfloat16[2, 3, 32] = aten.reshape(convert_element_type_default_
 
         text, report = lowered(f, torch.randn(2, 3, 24, dtype=BF16), dynamic=True)
         self.assertEqual(report.entries[0].lowering, "dequant_mm")
-        self.assertIn("symbolic", report.entries[0].reason)
+        self.assertIn("symbolic", report.entries[0].passed_over_text)
         self.assertNotIn("_weight_int8pack_mm", text)
 
     def test_explicit_emulated_preference(self):
