@@ -114,3 +114,57 @@ def _check_generate(family: str, device: str, dtype: torch.dtype) -> None:
         with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
             _, stock_scores = _greedy(stock, ids, tokens)
         assert err < 2 * rel(stock_scores), (family, err, rel(stock_scores))
+
+
+# The README's generate recipe (Use, "Hugging Face generate"): compile `model.forward` in place, since
+# `torch.compile(model).generate(...)` calls the original module's forward.
+RECIPE_TOKENS = (
+    3  # the prefill, a decode step at M = 1, and a step after the recompile with a symbolic length
+)
+
+
+def _woq_llama() -> torch.nn.Module:
+    model = tiny_decoder("llama", torch.float32)
+    torchao_quant.quantize_(model, torchao_quant.Int8WeightOnlyConfig())
+    return model
+
+
+def _prompt() -> torch.Tensor:
+    return torch.randint(1, 256, (1, PROMPT), generator=torch.Generator().manual_seed(3))
+
+
+def test_compiled_module_generate_compiles_nothing():
+    """The trap the recipe avoids: `generate` of the module torch.compile returns runs uncompiled."""
+    model = _woq_llama()
+    qlower.clear_reports()
+    wrapped = torch.compile(model, options=qlower.inductor_options())
+    with torch.no_grad():
+        got, _ = _greedy(wrapped, _prompt(), RECIPE_TOKENS)
+    assert got.shape == (1, RECIPE_TOKENS)
+    assert qlower.all_reports() == []
+
+
+def test_generate_recipe_compiles_prefill_and_decode():
+    """`model.forward = torch.compile(model.forward, ...)`: eager's tokens, and a report per graph (the prefill
+    at M = PROMPT, decode at M = 1 or a symbolic M) whose every linear is lowered as woq_int8."""
+    model = _woq_llama()
+    ids = _prompt()
+    with torch.no_grad():
+        want, want_scores = _greedy(model, ids, RECIPE_TOKENS)
+    qlower.clear_reports()
+    model.forward = torch.compile(model.forward, options=qlower.inductor_options())
+    with torch.no_grad():
+        got, got_scores = _greedy(model, ids, RECIPE_TOKENS)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_scores, want_scores, rtol=1e-3, atol=1e-3 * float(want_scores.abs().max()))
+    reports = qlower.all_reports()
+    n_linears = 2 * 7 + 1  # 2 layers of q, k, v, o, gate, up, down, and lm_head
+    assert len(reports) >= 2, [str(r) for r in reports]
+    for report in reports:
+        assert len(report.lowered) == len(report) == n_linears, report.table()
+        assert {d.family for d in report} == {"woq_int8"}, report.table()
+    prefill = {d.module: d.shape[0] for d in reports[0]}
+    assert prefill.pop("lm_head") == 1, prefill  # generate keeps the last position's logits only
+    assert set(prefill.values()) == {PROMPT}, prefill
+    later_m = [d.shape[0] for r in reports[1:] for d in r]
+    assert all(m == 1 or not isinstance(m, int) for m in later_m), later_m  # decode steps
