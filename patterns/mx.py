@@ -12,8 +12,9 @@ computes elem(q) * 2 ** (code - 127) exactly, special codes included (NaN/Inf el
 255, where a decode may give 0 or +Inf instead of the spec's 2 ** -127 and NaN: the record keeps which, see
 `mx_format.E8M0_SPECIAL_ALTERNATIVES`), NaN compared as NaN. Packed fp4 in either nibble order, a partial
 last block (K % 32), and lookup tables whose values are known at compile time (constants, attributes,
-frozen parameters) are recognized by what they compute; a decode that differs, or whose table is a run-time
-input, is left alone with the reason. Both sides of the matmul dequantized: dynamic activation MX (the
+frozen parameters) are recognized by what they compute; an fp4 table that is a run-time input (a module
+buffer under torch.compile) is verified as a gather by code and read at run time by the lowering
+(`_verify_runtime_table`); a decode that differs is left alone with the reason. Both sides of the matmul dequantized: dynamic activation MX (the
 activation's quantize nodes are kept as the record's ActQuant); only the weight: weight-only MX. A matmul
 whose weight is computed from 8-bit data but is not verified MX gets a rejection naming the blocker.
 """
@@ -349,6 +350,7 @@ class _MXOperand:
     rows: Any
     k: int
     nodes: list[fx.Node]  # mul, the decode ops and the chain up to the matmul
+    table: fx.Node | None = None  # e2m1: the value table the decode reads at run time (a graph input)
 
     @property
     def e_assoc(self) -> str:
@@ -602,6 +604,60 @@ def _verify(
     return None
 
 
+def _runtime_table_reason(names: list[str], detail: str) -> str:
+    return (
+        f"decode table is a runtime input ({', '.join(names)}: {detail}; a constant, an exported or a frozen "
+        "one is verified)"
+    )
+
+
+def _verify_runtime_table(
+    mul: fx.Node,
+    q: _Decode,
+    e: _Decode,
+    elem: str,
+    rows: Any,
+    k: int,
+    graph: fx.Graph,
+    tables: dict[fx.Node, torch.Tensor | None],
+    unknown: list[fx.Node],
+) -> _MXOperand | str:
+    """An fp4 decode whose 16-entry value table is a graph input (a module buffer under torch.compile): its
+    values are unknown at compile time, so the decode is verified as a gather, not as e2m1. With the e2m1
+    values in the table it must be MX (`_verify`), and with random values T it must compute T[code] *
+    2 ** (e - 127) on ordinary codes: then a lowering that gathers from the same table at run time computes
+    what the graph computes for any table the module holds (`emit/mx.py::elements_f32`). Else a reason."""
+    names = [t.name for t in unknown]
+    tv = tensor_val(unknown[0])
+    if elem != "e2m1" or len(unknown) != 1 or tv is None or tv.numel() != len(fmt.E2M1_VALUES):
+        return _runtime_table_reason(names, "its values are not known at compile time")
+    spec = {**tables, unknown[0]: torch.tensor(fmt.E2M1_VALUES, dtype=tv.dtype).reshape(tv.shape)}
+    found = _verify(mul, q, e, elem, rows, k, graph, spec)  # type: ignore[arg-type]
+    if not isinstance(found, _Decoding):
+        return _runtime_table_reason(names, "with the e2m1 values it does not decode MX")
+    rand = torch.randn(tv.numel(), generator=torch.Generator().manual_seed(7)).to(tv.dtype)
+    probe_tables = {**tables, unknown[0]: rand.reshape(tv.shape)}
+    nrows = int(_hint(rows))
+    nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(graph)[n])
+    r = _probe_rows(nrows, k)
+    probe = _Probe(nodes, mul, q.boundary, e.boundary, probe_tables, elem, nrows, r, k, graph)  # type: ignore[arg-type]
+    try:
+        for j in range(_rounds(probe.q_numel, probe.e_numel)):
+            qb, ec = (
+                _probe_codes(probe.q_numel, j * probe.q_numel),
+                _probe_codes(probe.e_numel, j * probe.e_numel),
+            )
+            got = probe(qb, ec)
+            run = (qb, ec, got)
+            values = rand.double()[_elem_codes(probe, qb, found.nibbles).long()]
+            want = (values * fmt.scale_f64(_scale_codes(probe, run, found), found.special)).to(got.dtype)
+            if not fmt.same_values(got, want)[_ordinary_scale(probe, run, found)].all():
+                return _runtime_table_reason(names, "the decode does not gather from it by the fp4 codes")
+    except (_NotMX, _NoShrink, RuntimeError, TypeError, ValueError, IndexError):
+        return _runtime_table_reason(names, "the probe could not run it with other values")
+    return _MXOperand(elem, q.boundary, e.boundary, found, rows, k, [], table=unknown[0])
+
+
 _ORDER_CACHE: dict[int, tuple[int, dict[fx.Node, int]]] = {}
 
 
@@ -669,12 +725,13 @@ def _find_operand(operand: fx.Node, want_flips: int, graph: fx.Graph) -> _MXOper
         qv = tensor_val(q.boundary)
         assert qv is not None
         tables = {t: _stored_value(t) for t in dict.fromkeys([*q.tables, *e.tables])}
-        unknown = [t.name for t, v in tables.items() if v is None]
+        unknown = [t for t, v in tables.items() if v is None]
         if unknown:
-            why = (
-                f"decode table is a runtime input ({', '.join(unknown)}: its values are not known at compile "
-                "time; a constant, an exported or a frozen one is verified)"
-            )
+            found = _verify_runtime_table(mul, q, e, elem, rows, k, graph, tables, unknown)
+            if isinstance(found, _MXOperand):
+                found.nodes = [*chain, mul, *q.inner, *e.inner]
+                return found
+            why = found
         else:
             found = _verify(mul, q, e, elem, rows, k, graph, tables)  # type: ignore[arg-type]
             if isinstance(found, _Decoding):
@@ -855,6 +912,8 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
         return a
     act_quant = None
     nodes = list(w.nodes)
+    if a is not None and a.table is not None:
+        return Rejection(reason="the activation's fp4 decode reads a table at run time", **base)
     if a is not None:
         x_q, x_flips = _q_source(a.q)
         if x_flips % 2:
@@ -900,6 +959,7 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
             "nd" if out_shape is not None else "",
             "high_nibble_first" if "high_first" in (w.decoding.nibbles, a and a.decoding.nibbles) else "",
             "partial_block" if k % BLOCK else "",
+            "runtime_table" if w.table is not None else "",
         )
         if p
     )
@@ -928,6 +988,7 @@ def _match(site: MatmulSite, graph: fx.Graph) -> Candidate | None:
             "w_scale_assoc": w.e_assoc,
             "w_nibbles": w.decoding.nibbles,  # packed e2m1: which nibble holds the even element
             "w_scale_special": w.decoding.special,  # e8m0 code -> decoded value where not the spec's
+            "w_table": w.table,  # e2m1 values gathered from this graph input at run time, or None
         },
     )
 

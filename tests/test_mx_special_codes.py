@@ -131,14 +131,46 @@ def test_weight_from_8bit_data_that_is_not_mx_gets_a_row():
 
 
 # ------------------------------------------------------------------------------------------ fp4 tables
-def test_table_buffer_as_graph_input_is_left_alone_with_reason():
-    m = mm.MXFP4TableBuffer(N, K)
+@pytest.mark.parametrize("nibbles", fmt.NIBBLE_ORDERS)
+def test_table_buffer_as_graph_input_is_lowered_reading_the_table_at_run_time(nibbles):
+    """A buffer is a graph input under torch.compile: its values are unknown at compile time, so the decode
+    is verified as a gather from it, and the emulation gathers from the same buffer at run time. Writing
+    other values into the buffer changes the compiled result exactly as it changes eager's."""
+    m = mm.MXFP4TableBuffer(N, K, nibbles)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    fn = _compile(m)
+    with torch.no_grad():
+        out = fn(x)
+    d = _decision()
+    assert d.lowering == "mx_dequant_mm" and "runtime_table" in d.form.split("+"), d
+    assert _rel(out, m.reference(x)) <= 1e-2
+    m.lut.copy_(torch.randn(16, generator=torch.Generator().manual_seed(3)))  # not e2m1 any more
+    with torch.no_grad():
+        _assert_same_numbers(fn(x), m(x))
+
+
+class _SignFromCode(mm.MXFP4TableBuffer):
+    """e2m1 through a table of magnitudes and the sign bit: MX with the e2m1 values in the buffer, but not a
+    gather by code, so with any other table it is not what a gather computes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q
+        codes = torch.stack([q & 15, q >> 4], -1).view(self.n, self.k).long()
+        vals = self.lut[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+        s = torch.exp2(self.e.float() - 127)
+        w = (vals.view(self.n, self.k // 32, 32) * s[..., None]).view(self.n, self.k)
+        return torch.nn.functional.linear(x, w.to(x.dtype))
+
+
+def test_table_buffer_read_other_than_by_code_is_left_alone_with_reason():
+    m = _SignFromCode(N, K)
     x = torch.randn(5, K, dtype=torch.bfloat16)
     with torch.no_grad():
         out = _compile(m)(x)
         eager = m(x)
     d = _decision()
     assert d.lowering is None and "decode table is a runtime input" in d.reason, d
+    assert "does not gather from it by the fp4 codes" in d.reason, d.reason
     _assert_same_numbers(out, eager)
 
 

@@ -154,9 +154,11 @@ def elements_f32(
     k: int,
     device: torch.device,
     nibbles: str = "low_first",
+    table: fx.Node | None = None,
 ) -> fx.Node:
     """Element values [rows, K] float32 from stored elements ([rows, K] or [rows, K / 2], or transposed);
-    `nibbles`: which nibble of a packed e2m1 byte holds the even element (the record's)."""
+    `nibbles`: which nibble of a packed e2m1 byte holds the even element (the record's); `table`: the graph's
+    own 16-entry value table, gathered by code at run time (a module buffer the record was verified to read)."""
     q = src if layout == "NK" else em.transpose(src)
     if not fmt.packed(elem):
         return em.convert(q, torch.float32)
@@ -166,6 +168,9 @@ def elements_f32(
     even_odd = (lo, hi) if nibbles == "low_first" else (hi, lo)
     pair = [em.call(aten.unsqueeze.default, t, -1) for t in even_odd]  # (stack is decomposed by now)
     codes = em.reshape(em.call(aten.cat.default, pair, -1), [-1, k])
+    if table is not None:
+        values = em.convert(em.reshape(table, [-1]), torch.float32)
+        return em.call(aten.index.Tensor, values, [em.convert(codes, torch.int64)])
     return _e2m1_values(em, codes, device)
 
 
@@ -184,6 +189,7 @@ def dequant(
     device: torch.device,
     nibbles: str = "low_first",
     special: dict[int, float] | None = None,
+    table: fx.Node | None = None,
 ) -> fx.Node:
     """elements * block scales as a [rows, K] tensor of `dtype` (exact for bf16: 3-bit mantissas).
 
@@ -193,7 +199,7 @@ def dequant(
     (tests/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
     """
     cols = fmt.blocks(k)
-    x = elements_f32(em, q, q_layout, elem, k, device, nibbles)
+    x = elements_f32(em, q, q_layout, elem, k, device, nibbles, table)
     if k % fmt.BLOCK:
         s = scale_f32(em, s_src, s_layout, s_codes, s_assoc, rows, cols, device, special)
         # prims.iota, not aten.arange: the pass runs after Inductor's decompositions, and a CUDA compile asserts
@@ -219,7 +225,7 @@ def weight_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node
     return dequant(
         em, rec.weight, rec.weight_layout, d["w_elem"], rec.weight_scale, d["w_scale_layout"],
         d["w_scale_codes"], d["w_scale_assoc"], rec.n, rec.k, dtype, rec.device,
-        d.get("w_nibbles", "low_first"), d.get("w_scale_special"),
+        d.get("w_nibbles", "low_first"), d.get("w_scale_special"), d.get("w_table"),
     )  # fmt: skip
 
 
@@ -238,6 +244,8 @@ def spec_layout_blocker(rec: QuantLinear) -> str | None:
     the low nibble) cannot take `rec`; the emulation (`dequant`) decodes any record."""
     if rec.k % fmt.BLOCK:
         return f"K={rec.k} ends in a partial MX block (K % {fmt.BLOCK} = {rec.k % fmt.BLOCK}): emulation only"
+    if rec.details.get("w_table") is not None:
+        return "fp4 values gathered from a table the module holds (read at run time): emulation only"
     aq = rec.act_quant
     if "high_first" in (rec.details.get("w_nibbles"), aq.details.get("nibbles") if aq else None):
         return "fp4 packed with the even element in the high nibble: emulation only"
