@@ -16,7 +16,12 @@ from hf_models import tiny_decoder
 import qlower
 
 transformers = pytest.importorskip("transformers")
-torchao_quant = pytest.importorskip("torchao.quantization")
+
+
+def _torchao():
+    """torchao's quantization API; a test that quantizes with it skips without it (the GPU recipe test does not)."""
+    return pytest.importorskip("torchao.quantization")
+
 
 PROMPT, NEW_TOKENS = 6, 8
 # MX: 4 tokens still take the prefill, the first decode step (M = 1, static), the recompile with a symbolic
@@ -26,9 +31,9 @@ NEW_TOKENS_MX = 4
 
 def _config(family: str):
     if family == "woq_int8":
-        return torchao_quant.Int8WeightOnlyConfig()
+        return _torchao().Int8WeightOnlyConfig()
     if family == "dynamic_int8":
-        return torchao_quant.Int8DynamicActivationInt8WeightConfig()
+        return _torchao().Int8DynamicActivationInt8WeightConfig()
     mx = pytest.importorskip("torchao.prototype.mx_formats")
     from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
@@ -77,7 +82,7 @@ def _check_generate(family: str, device: str, dtype: torch.dtype) -> None:
     keep = (
         (lambda mod, fqn: isinstance(mod, torch.nn.Linear) and fqn != "lm_head") if family == "mx" else None
     )
-    torchao_quant.quantize_(model, _config(family), filter_fn=keep)
+    _torchao().quantize_(model, _config(family), filter_fn=keep)
     compiled = copy.deepcopy(model)
     compiled.forward = torch.compile(compiled.forward, options=qlower.inductor_options())
     ids = torch.randint(1, 256, (1, PROMPT), generator=torch.Generator().manual_seed(3)).to(device)
@@ -125,7 +130,7 @@ RECIPE_TOKENS = (
 
 def _woq_llama() -> torch.nn.Module:
     model = tiny_decoder("llama", torch.float32)
-    torchao_quant.quantize_(model, torchao_quant.Int8WeightOnlyConfig())
+    _torchao().quantize_(model, _torchao().Int8WeightOnlyConfig())
     return model
 
 
@@ -168,3 +173,62 @@ def test_generate_recipe_compiles_prefill_and_decode():
     assert set(prefill.values()) == {PROMPT}, prefill
     later_m = [d.shape[0] for r in reports[1:] for d in r]
     assert all(m == 1 or not isinstance(m, int) for m in later_m), later_m  # decode steps
+
+
+class _Int8Linear(torch.nn.Module):
+    """gpt-fast's weight-only int8 linear, `F.linear(x, w.to(x.dtype)) * s`: a woq_int8 candidate without torchao."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        s = w.abs().amax(1).clamp(min=1e-8) / 127
+        self.register_buffer("w", torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("s", s.to(linear.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.w.to(x.dtype)) * self.s
+
+
+def _to_int8_linears(module: torch.nn.Module) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, _Int8Linear(child))
+        else:
+            _to_int8_linears(child)
+
+
+@pytest.mark.gpu
+def test_generate_recipe_static_cache_cuda_graphs():
+    """The README's GPU recipe: a static cache, and transformers' own compile of the decode step given qlower's
+    options with CUDA graphs. Every decode linear is lowered, no graph skips CUDA graphs, and the tokens are stock
+    torch.compile's under the same config (compiled bf16 rounds unlike eager, so eager is no reference)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import get_manager
+
+    def generate(options: dict | None) -> torch.Tensor:
+        torch._dynamo.reset()
+        model = tiny_decoder("llama", torch.bfloat16).cuda()
+        _to_int8_linears(model)
+        model.generation_config.cache_implementation = "static"
+        mode = None if options else "reduce-overhead"  # torch.compile takes one of mode= and options=
+        model.generation_config.compile_config = transformers.CompileConfig(mode=mode, options=options)
+        with torch.no_grad():
+            return model.generate(
+                _prompt().cuda(), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
+            )
+
+    want = generate(None)
+    qlower.clear_reports()
+    counters.clear()
+    got = generate(qlower.inductor_options(mode="reduce-overhead"))
+    assert torch.equal(got, want), (got, want)
+    reports = qlower.all_reports()
+    assert reports, "transformers compiled no graph with qlower's options"
+    for report in reports:
+        assert len(report.lowered) == len(report) == 2 * 7 + 1, report.table()
+    assert {d.shape[0] for r in reports for d in r} == {1}, [
+        str(r) for r in reports
+    ]  # decode; prefill is eager
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    manager = get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert manager is not None and manager.ids_to_funcs  # graphs were recorded
