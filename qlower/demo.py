@@ -4,14 +4,14 @@ Shows in under two minutes on a 2-core CPU what qlower does to a real model's li
 decision, the error against the eager quantized model (and a float64 reference), and the speed against stock
 `torch.compile` and the unquantized bf16 model. No RoPE and no KV cache: the point is the seven linears.
 Then one small MX (fp8 e4m3 elements, e8m0 scales per 32) weight-only linear goes through qlower on the same
-device: its report row and its error against eager (`run_mx`).
+device: its report row and its error against eager (`run_mx`). Times are medians with their spread over the
+repeats (qlower.timing), and a WARNING line says when a spread is wide or the machine was loaded.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from torch import nn
 import qlower
 from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS
+from qlower.timing import SPREAD_DEFINITION, Timing, machine_load, stability_warning, summarize
 
 
 @dataclass(frozen=True)
@@ -134,13 +135,14 @@ def time_runs(fn: Callable[[], object], device: str, budget_s: float, max_runs: 
 
 def median_times(
     fns: dict[str, Callable[[], object]], device: str, budget_s: float, rounds: int = 3
-) -> dict[str, float]:
-    """Median seconds of each fn, timed in interleaved rounds so a changing machine load hits all alike."""
+) -> dict[str, Timing]:
+    """Median seconds and spread of each fn over all its runs, timed in interleaved rounds so a changing
+    machine load hits all alike."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             samples[name] += time_runs(fn, device, budget_s / rounds)
-    return {name: statistics.median(ts) for name, ts in samples.items()}
+    return {name: summarize(ts) for name, ts in samples.items()}
 
 
 @dataclass
@@ -176,7 +178,8 @@ class ShapeResult:
     err_qlower_vs_f64: float  # max |qlower - float64 reference of the quantized model|
     err_eager_vs_f64: float  # the same for eager bf16 (the tolerance bf16 itself achieves)
     ref_max: float  # max |float64 reference|, the scale of the errors above
-    times: dict[str, float] = field(default_factory=dict)  # seconds: eager_bf16, eager_quant, stock, qlower
+    times: dict[str, Timing] = field(default_factory=dict)  # eager_bf16, eager_quant, stock, qlower
+    load: tuple[float, int] | None = None  # (load average, CPUs) right after the timing
 
     @property
     def all_lowered(self) -> bool:
@@ -203,6 +206,7 @@ def run_shape(s: Setup, m: int, *, timed: bool = True, budget_s: float = 1.0) ->
         if timed:
             models = {"eager_bf16": s.block, "eager_quant": s.qblock, "stock": s.stock, "qlower": s.qlowered}
             res.times = median_times({k: (lambda f=f: f(x)) for k, f in models.items()}, s.device, budget_s)
+            res.load = machine_load()
     return res
 
 
@@ -298,21 +302,41 @@ def check_device(device: str) -> str:
     return device
 
 
+_COLUMNS = {
+    "eager_bf16": "eager bf16",
+    "eager_quant": "eager quant",
+    "stock": "stock compile",
+    "qlower": "qlower",
+}
+
+
+def _cell(t: Timing) -> str:
+    return f"{t.median * 1e3:.3f}ms {t.spread_text()}"
+
+
 def format_results(results: list[ShapeResult]) -> str:
-    head = f"{'M':>5}  {'eager bf16':>11}  {'eager quant':>11}  {'stock compile':>13}  {'qlower':>9}  {'vs stock':>8}  {'vs bf16':>7}  {'max err vs eager':>16}"
+    """The time table: each time is the median and its spread (`1.234ms ±3%`), then qlower's ratios."""
+    w = 16
+    head = "  ".join([f"{'M':>5}", *(f"{c:>{w}}" for c in _COLUMNS.values())])
+    head += f"  {'vs stock':>8}  {'vs bf16':>7}  {'max err vs eager':>16}"
     lines = [head, "-" * len(head)]
     for r in results:
         t = r.times
         if not t:
-            lines.append(f"{r.m:>5}  {'(not timed)':>11}{'':>60}  {r.err_vs_eager:>16.3g}")
+            lines.append(f"{r.m:>5}  {'(not timed)':>{w}}{'':>{len(head) - w - 23}}{r.err_vs_eager:>16.3g}")
             continue
-        ms = {k: v * 1e3 for k, v in t.items()}
-        lines.append(
-            f"{r.m:>5}  {ms['eager_bf16']:>9.3f}ms  {ms['eager_quant']:>9.3f}ms  {ms['stock']:>11.3f}ms  "
-            f"{ms['qlower']:>7.3f}ms  {t['stock'] / t['qlower']:>7.2f}x  {t['eager_bf16'] / t['qlower']:>6.2f}x  "
-            f"{r.err_vs_eager:>16.3g}"
-        )
+        med = {k: v.median for k, v in t.items()}
+        cells = [f"{r.m:>5}", *(f"{_cell(t[k]):>{w}}" for k in _COLUMNS)]
+        cells += [f"{med['stock'] / med['qlower']:>7.2f}x", f"{med['eager_bf16'] / med['qlower']:>6.2f}x"]
+        lines.append("  ".join(cells) + f"  {r.err_vs_eager:>16.3g}")
     return "\n".join(lines)
+
+
+def timing_warning(results: list[ShapeResult]) -> str | None:
+    """The demo's WARNING line (qlower.timing.stability_warning) over every time of every size."""
+    spreads = {f"{name} M={r.m}": t.spread for r in results for name, t in r.times.items()}
+    loads = [r.load for r in results if r.load is not None]
+    return stability_warning(spreads, max(loads) if loads else None)
 
 
 def main(
@@ -351,9 +375,13 @@ def main(
             f"qlower {r.err_qlower_vs_f64:.3g}, eager bf16 {r.err_eager_vs_f64:.3g}"
         )
     print(
-        "\nmedian time per forward (vs stock = stock compile / qlower; vs bf16 = eager unquantized / qlower)"
+        f"\nmedian time per forward ({SPREAD_DEFINITION}; vs stock = stock compile / qlower; "
+        "vs bf16 = eager unquantized / qlower)"
     )
     print(format_results(results))
+    warning = timing_warning(results)
+    if warning:
+        print(warning)
     if mx:
         r_mx = run_mx(device)
         print(

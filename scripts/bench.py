@@ -26,7 +26,9 @@ Family modules: `scripts/bench_<family>.py` (next to this file) define
 Timing: each call uses the next of --rotate weight sets, so weights are not cache-resident (a real model's
 layers are not). After a compile call and a warm-up call, variants are timed in ROUNDS interleaved rounds per
 shape (fair under a changing load). CPU: median of all time.perf_counter runs. CUDA: median of the rounds'
-CUDA-graph replay times (scripts/cuda_timing.py; do_bench for a variant that cannot be captured).
+CUDA-graph replay times (scripts/cuda_timing.py; do_bench for a variant that cannot be captured). Each time
+comes with its spread over those repeats (`±`, qlower.timing: IQR / median); a WARNING line under the header
+says when a spread passes 15 % or the load average passed the CPU count while timing.
 Each compiled variant is compiled once per (M, K, N) with dynamic=False (the shape a static-M deployment sees).
 """
 
@@ -54,6 +56,7 @@ from typing import Any
 import torch
 
 import qlower
+from qlower.timing import SPREAD_DEFINITION, LoadWatch, format_spread, stability_warning, summarize
 
 FAMILY_CHOICES = ("woq_int8", "dynamic_int8", "mx")
 ROUNDS = int(os.environ.get("QLOWER_BENCH_ROUNDS", "5"))  # interleaved timing rounds per shape
@@ -70,6 +73,7 @@ class Result:
     variant: str
     seconds: float  # median
     min_seconds: float = 0.0
+    spread: float | None = None  # IQR / median of the timed runs (qlower.timing); None in older JSON
     rel_err: float | None = None  # vs the eager quantized model (None for the bf16 baseline)
     lowering: str | None = None  # qlower variant: chosen lowering(s), or "LEFT ALONE: <reason>"
 
@@ -302,7 +306,15 @@ def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_kn(
-    mod: ModuleType, device: str, k: int, n: int, ms: list[int], rotate: int, budget_s: float, bar: Any
+    mod: ModuleType,
+    device: str,
+    k: int,
+    n: int,
+    ms: list[int],
+    rotate: int,
+    budget_s: float,
+    bar: Any,
+    watch: LoadWatch | None = None,
 ) -> tuple[list[Result], list[str]]:
     """Every variant at (M, k, n) for each M in `ms`, sharing one set of weights and compiled callables.
 
@@ -338,8 +350,11 @@ def run_kn(
             for name, fn in fns.items():
                 bar.set_postfix_str(f"M={m} K={k} N={n} {name} (round {r + 1}/{ROUNDS})")
                 samples[name] += timer(lambda i, fn=fn, x=x: fn(x, sets[i % rotate]), budget_s / ROUNDS)
+        if watch is not None:
+            watch.sample()
         for name, res in row.items():
-            res.seconds = statistics.median(samples[name])
+            timing = summarize(samples[name])
+            res.seconds, res.spread = timing.median, timing.spread
             res.min_seconds = min(samples[name])
             results.append(res)
         bar.set_postfix_str(f"M={m} K={k} N={n} done")
@@ -354,14 +369,16 @@ def run(
     rotate: int,
     budget_s: float,
     checkpoint: Callable[[list[Result]], None] | None = None,
+    watch: LoadWatch | None = None,
 ) -> tuple[list[Result], list[str]]:
     """Every variant at every shape of `plan`; returns results and failure messages. `checkpoint` gets the
-    results so far after each (K, N), so a run cut short (a time limit) still leaves its finished tables."""
+    results so far after each (K, N), so a run cut short (a time limit) still leaves its finished tables.
+    `watch` samples the load average after each shape's timing."""
     results: list[Result] = []
     failures: list[str] = []
     bar = progress(sum(len(ms) for ms in plan.values()), f"bench {mod.FAMILY} {device}")
     for (k, n), ms in plan.items():
-        res, fail = run_kn(mod, device, k, n, ms, rotate, budget_s, bar)
+        res, fail = run_kn(mod, device, k, n, ms, rotate, budget_s, bar, watch)
         results += res
         failures += fail
         torch._dynamo.reset()  # free the compiled code of this (K, N)
@@ -373,6 +390,17 @@ def run(
 
 def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _fmt_result(r: Result) -> str:
+    """The median and, when measured, its spread: `1.23 ms ±4%`."""
+    return _fmt_time(r.seconds) + ("" if r.spread is None else " " + format_spread(r.spread))
+
+
+def timing_warning(results: list[Result], watch: LoadWatch | None) -> str | None:
+    """bench's WARNING line (qlower.timing.stability_warning) over every measured time."""
+    spreads = {f"{r.variant} {r.m}x{r.k}x{r.n}": r.spread for r in results if r.spread is not None}
+    return stability_warning(spreads, watch.peak if watch is not None else None)
 
 
 def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
@@ -402,9 +430,9 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
             if v not in t:
                 cells.append("—")
             elif v == "bf16":
-                cells.append(_fmt_time(t[v]))
+                cells.append(_fmt_result(row[v]))
             else:
-                cells.append(f"{_fmt_time(t[v])} ({t['bf16'] / t[v]:.2f}×)")
+                cells.append(f"{_fmt_result(row[v])} ({t['bf16'] / t[v]:.2f}×)")
         q = t["qlower"]
         floor_s = mod.quant_bytes(k, n) / bandwidth
         best_alt = min(t[v] for v in alts if v in t)
@@ -512,9 +540,11 @@ def write(
     results: list[Result],
     with_plot: bool = True,
 ) -> str:
-    """The .md, .json and .png of one run under `out`; returns the table text."""
-    header = " · ".join(f"{k} {v}" for k, v in meta.items())
-    text = f"{header}\n\n{table(results, mod, meta['bandwidth_GBps'] * 1e9)}"
+    """The .md, .json and .png of one run under `out`; returns the table text (its WARNING line, if any, under
+    the header)."""
+    header = " · ".join(f"{k} {v}" for k, v in meta.items() if k != "warning")
+    warning = f"\n\n{meta['warning']}" if meta.get("warning") else ""
+    text = f"{header}{warning}\n\n{table(results, mod, meta['bandwidth_GBps'] * 1e9)}"
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{mod.FAMILY}_{device}"
     stem.with_suffix(".md").write_text(text + "\n")
@@ -546,8 +576,9 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
     else:
         bandwidth, bw_source = memory_bandwidth(args.device)
     start = time.perf_counter()
+    watch = LoadWatch()
 
-    def meta_now(partial: bool) -> dict[str, Any]:
+    def meta_now(results: list[Result], partial: bool) -> dict[str, Any]:
         return {
             "family": mod.FAMILY,
             "device": describe_device(args.device),
@@ -556,20 +587,24 @@ def measure(args: argparse.Namespace, mod: ModuleType) -> tuple[dict[str, Any], 
             "rotate": rotate,
             "bandwidth_GBps": round(bandwidth / 1e9, 1),
             "bandwidth_source": bw_source,
-            "timing": "CUDA-graph replay median (cuda_timing.py)"
-            if args.device == "cuda"
-            else "median of perf_counter runs",
+            "timing": (
+                "CUDA-graph replay median (cuda_timing.py)"
+                if args.device == "cuda"
+                else "median of perf_counter runs"
+            )
+            + f", {SPREAD_DEFINITION}",
             "wall_s": round(time.perf_counter() - start, 1),
             **({"partial": "yes (the run stopped before the whole grid)"} if partial else {}),
+            "warning": timing_warning(results, watch),
         }
 
     def checkpoint(results: list[Result]) -> None:
-        write(Path(args.out), args.device, mod, meta_now(partial=True), results, with_plot=False)
+        write(Path(args.out), args.device, mod, meta_now(results, partial=True), results, with_plot=False)
 
     with torch.no_grad():
         plan = grid(mod, args.quick, args.shapes, args.device)
-        results, failures = run(mod, args.device, plan, rotate, budget, checkpoint)
-    return meta_now(partial=False), results, failures
+        results, failures = run(mod, args.device, plan, rotate, budget, checkpoint, watch)
+    return meta_now(results, partial=False), results, failures
 
 
 def main(argv: Iterable[str] | None = None) -> int:

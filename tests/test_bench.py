@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -45,7 +46,7 @@ def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--family", "woq_int8", "--device", "cpu"]
     cmd += ["--shapes", "1x64x64,32x64x128", "--budget", "0.02", "--rotate", "2"]
     committed = {p: p.stat().st_mtime_ns for p in (SCRIPTS.parent / "benchmarks").glob("woq_int8_cpu.*")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {p: p.stat().st_mtime_ns for p in committed} == committed
     assert not (tmp_path / "benchmarks").exists()
@@ -145,7 +146,10 @@ def test_the_test_extra_installs_matplotlib() -> None:
 
 def test_bench_woq_alias_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench_woq.py"), "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, str(SCRIPTS / "bench_woq.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0 and "--shapes" in proc.stdout
 
@@ -176,9 +180,58 @@ def test_a_run_cut_short_keeps_its_finished_tables(tmp_path: Path) -> None:
     """After each (K, N) the tables so far are on disk, marked partial: a time limit loses only the rest.
     (In a subprocess: bench.main sets process-wide torch configs.)"""
     code = CUT_SHORT.format(scripts=str(SCRIPTS), out=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
     assert proc.returncode == 0 and "cut short" in proc.stdout, proc.stderr[-2000:]
     data = json.loads((tmp_path / "woq_int8_cpu.json").read_text())
     assert data["meta"]["partial"].startswith("yes")
     assert {(r["m"], r["k"], r["n"]) for r in data["results"]} == {(1, 64, 64)}
     assert "| 1 | 64→64 |" in (tmp_path / "woq_int8_cpu.md").read_text()
+
+
+def test_timing_median_and_spread() -> None:
+    """qlower.timing: the median of the repeats and their spread, IQR / median (inclusive quartiles)."""
+    from qlower.timing import format_spread, iqr_spread, summarize
+
+    t = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (t.median, t.n) == (3.0, 5)
+    assert t.spread == pytest.approx((4.0 - 2.0) / 3.0)  # Q1 = 2, Q3 = 4
+    assert t.spread_text() == "±67%" and format_spread(0.04) == "±4%"
+    assert iqr_spread([2.0]) == 0.0 and summarize([2.0]).spread == 0.0
+    # one slow repeat of nine (a page fault) leaves the spread small; a third of them slow does not
+    assert iqr_spread([1.0] * 8 + [20.0]) == 0.0
+    assert iqr_spread([1.0] * 6 + [3.0] * 3) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_timing_warning_on_an_unstable_series_or_a_loaded_machine() -> None:
+    from qlower.timing import UNSTABLE_SPREAD, stability_warning, summarize
+
+    steady = summarize([1.00, 1.01, 0.99, 1.02, 1.00])
+    swinging = summarize([1.0, 2.5, 1.1, 4.0, 1.2, 3.0])  # load came and went between repeats
+    assert steady.spread < UNSTABLE_SPREAD < swinging.spread
+    assert stability_warning({"steady": steady.spread}, load=(0.5, 2)) is None
+    warning = stability_warning({"steady": steady.spread, "qlower M=16": swinging.spread}, load=(0.5, 2))
+    assert warning is not None and warning.startswith("WARNING") and "\n" not in warning
+    assert "1 of 2" in warning and "qlower M=16" in warning and swinging.spread_text() in warning
+    loaded = stability_warning({"steady": steady.spread}, load=(3.5, 2))
+    assert loaded is not None and "load average 3.5 on 2 CPUs" in loaded
+    assert stability_warning({}, load=None) is None
+
+
+def test_bench_table_shows_each_median_with_its_spread(tmp_path: Path) -> None:
+    bench = _load_bench()
+    mod = bench.load_family("woq_int8")
+    results = [bench.Result(1, 64, 64, v, 2e-3, spread=0.04) for v in mod.VARIANTS]
+    results[-1].spread = 0.5
+    text = bench.table(results, mod, 1e10)
+    assert "2.00 ms ±4%" in text and "2.00 ms ±50% (1.00×)" in text
+    warning = bench.timing_warning(results, None)
+    assert warning is not None and f"{list(mod.VARIANTS)[-1]} 1x64x64 ±50%" in warning
+    meta = {"family": "woq_int8", "device": "cpu", "torch": "x", "date": "d", "bandwidth_GBps": 10.0}
+    written = bench.write(tmp_path, "cpu", mod, {**meta, "warning": warning}, results, with_plot=False)
+    assert written.splitlines()[2] == warning  # its own line under the header
+    old = bench.Result(1, 64, 64, "bf16", 2e-3)  # JSON from before the spread was measured
+    assert bench._fmt_result(old) == "2.00 ms"

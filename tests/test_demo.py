@@ -11,6 +11,7 @@ import qlower
 from qlower import demo
 from qlower.__main__ import main as cli_main
 from qlower.passes.report import Decision, Report
+from qlower.timing import SPREAD_DEFINITION, Timing
 
 SMALL = demo.BlockConfig(hidden=128, intermediate=352, head_dim=32)  # K = 128 and 352: multiples of 16
 
@@ -49,6 +50,10 @@ def test_cli_demo_runs_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> Non
     assert rc == 0, out
     assert "7/7 lowered" in out and "every linear lowered" in out
     assert "max abs error" in out and "vs stock" in out
+    # every time is a median with its spread, and the header says what the spread is
+    assert SPREAD_DEFINITION in out
+    (row,) = [line for line in out.splitlines() if re.match(r"^\s+4\s+\d", line)]
+    assert len(re.findall(r"\d+\.\d{3}ms ±\d+%", row)) == 4, row
     # The MX linear after the block: its own report, one row naming its module.
     mx = out[out.index("--- MX weight-only linear") :]
     assert "1/1 lowered" in mx and re.search(r"^0\s+proj\s+mx\s+cpu\s+4, 256, 256", mx, re.M), mx
@@ -63,3 +68,15 @@ def test_quantizers_cover_only_known_families() -> None:
     assert set(QUANTIZERS) <= set(qlower.FAMILIES)
     with pytest.raises(SystemExit, match="no demo quantizer"):
         demo.quantize(torch.nn.Linear(16, 16), "no_such_family")
+
+
+def test_times_carry_their_spread_and_a_warning_when_unstable() -> None:
+    times = {name: Timing(1e-3, 0.02, 9) for name in ("eager_bf16", "eager_quant", "stock", "qlower")}
+    r = demo.ShapeResult(16, Report("0/0", []), 7, 0.0, 0.0, 0.0, 1.0, times=times, load=(0.5, 2))
+    assert "1.000ms ±2%" in demo.format_results([r]) and demo.timing_warning([r]) is None
+    r.times["stock"] = Timing(1e-3, 0.4, 9)
+    warning = demo.timing_warning([r])
+    assert warning is not None and warning.startswith("WARNING") and "stock M=16 ±40%" in warning
+    r.times["stock"], r.load = Timing(1e-3, 0.02, 9), (4.0, 2)
+    warning = demo.timing_warning([r])
+    assert warning is not None and "load average 4.0 on 2 CPUs" in warning
