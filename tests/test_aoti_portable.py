@@ -66,9 +66,9 @@ class Moved:
         return f"aoti_torch_cpu_{self.op}"
 
 
-def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: bool = False) -> Moved:
-    """Export `model` (dynamic batch) with a private qlower cache, copy the package into a fresh folder with
-    the eager outputs at every M in SIZES, and delete the export's cache and folder."""
+def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: Path | None = None) -> Moved:
+    """Export `model` (dynamic batch) with a private qlower cache, copy the package (and `ops_library`) into a
+    fresh folder with the eager outputs at every M in SIZES, and delete the export's cache and folder."""
     export_dir, export_cache, folder = root / "export", root / "export_cache", root / "elsewhere"
     export_dir.mkdir()
     folder.mkdir()
@@ -82,8 +82,8 @@ def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: 
             ep, package_path=str(export_dir / "model.pt2"), inductor_configs=opts
         )
         report = qlower.last_report()
-        if ops_library:
-            assert cli.main(["ops-library", "--out", str(folder)]) == 0
+    if ops_library is not None:
+        shutil.copy(ops_library, folder / ops_library.name)
     with zipfile.ZipFile(path) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
         wrapper = z.read(name).decode()
@@ -96,15 +96,29 @@ def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: 
     return Moved(folder, report, wrapper, export_cache)
 
 
+@pytest.fixture(scope="module")
+def ops_library(tmp_path_factory) -> Path:
+    """libqlower_ops.so as `python -m qlower ops-library` writes it, from a private qlower cache deleted
+    afterwards. Built once for both packages: it holds every op whichever one a package calls, and its C++
+    build is the slowest step of a package's set-up."""
+    root = tmp_path_factory.mktemp("ops_library")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QLOWER_CACHE_DIR", str(root / "cache"))
+        assert cli.main(["ops-library", "--out", str(root / "out")]) == 0
+    shutil.rmtree(root / "cache")
+    (lib,) = (root / "out").iterdir()
+    return lib
+
+
 @pytest.fixture(scope="module", params=list(OPS))
-def moved(request, tmp_path_factory) -> Moved:
+def moved(request, tmp_path_factory, ops_library: Path) -> Moved:
     """The package calling OPS[param]: AUTO's choice pinned, since it depends on the CPU's ISA level."""
     torch.manual_seed(0)
     model = Int8Linear(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=BF16) / 64)
     x = torch.randn(8, K, dtype=BF16)
     with pytest.MonkeyPatch.context() as mp:
         (with_woq_gemm if request.param == "woq_int8_gemm" else without_woq_gemm)(mp)
-        moved = export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library=True)
+        moved = export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library)
     moved.op = request.param
     return moved
 
