@@ -1,0 +1,384 @@
+"""The defect classes of issue 31 as fuzz variants: their draws, models and report-row checks.
+
+Why a module of its own: scripts/fuzz_compile.py holds the axes every case shares (shape, dtype, preference,
+dynamic M) and the outcome logic; these four classes each bring their own model and their own expectation of
+qlower's report, which is the point of them (a row per quantized linear, with the right family, lowered or
+left alone, and the reason). fuzz_compile.py draws the case, then hands it here for the class's choices
+(`DRAWS`), its model (`build`) and the rows it must report (`check_rows`); numbers go through its `check`.
+
+- `mx_training`: torchao's MX training recipes (`MXFP8Linear` with `KernelPreference.EMULATED`, or
+  `quantize_` with `MXFP8TrainingOpConfig.from_recipe(MXFP8_EMULATED_RCEIL)`), forward + backward: three MX
+  matmuls, (T, K, N), (T, N, K) and (N, T, K), all lowered (tests/test_mx_training.py).
+- `family_order`: a dynamic-int8 linear written dequantize-then-matmul under `families=` in a drawn order
+  and subset: dynamic_int8 lowers it whenever enabled, else woq_int8 leaves it with DYNAMIC_ACTIVATION
+  (tests/test_family_order.py).
+- `near_mx`: MX-shaped decodes that are not MX (e4m3 / e5m2 scale bytes, a bias of 126 or 128, 16-element
+  blocks): left alone with the reason (tests/test_report_rows.py).
+- `stacked_experts`: stacked int8 experts (`bmm`, `einsum("mk,enk->emn")`) and the weight as the left
+  operand (`w @ v`): one left-alone woq_int8 row each, reasons from patterns/unclaimed.py.
+
+torchao is imported only when an `mx_training` case is built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlower
+from qlower.patterns import mx_format as fmt
+from qlower.patterns.woq_int8 import DYNAMIC_ACTIVATION
+
+if TYPE_CHECKING:
+    from fuzz_compile import Case
+
+# name -> (the families it applies to, its weight when drawn at random), merged into fuzz_compile.VARIANTS
+VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
+    "mx_training": (("mx",), 6),
+    "family_order": (("dynamic_int8",), 10),
+    "near_mx": (("mx",), 10),
+    "stacked_experts": (("woq_int8",), 10),
+}
+TRAINING = ("mx_training",)  # forward + backward through fuzz_compile's `_train_call`
+
+# ------------------------------------------------------------------------------------------ draws
+# tokens, K, N: multiples of 32 (MX blocks along each matmul's K: K, N and tokens), odd block counts included
+MX_TRAINING_DIMS = {
+    "cpu": (32, 64, 96, 128, 160, 192, 224, 256),
+    "cuda": (32, 64, 96, 160, 224, 256, 384, 512, 736, 1024, 2048),
+}
+MX_TRAINING_MAX_TOKENS = {"cpu": 256, "cuda": 1024}
+MX_TRAINING_BUILDERS = ("MXFP8Linear", "MXFP8TrainingOpConfig")
+# torchao ScaleCalculationMode of MXFP8Linear. EVEN is left out: stock torch.compile (torch 2.13, CPU) fails
+# on its backward with "make_reindexer NYI on DtypeView", qlower or not.
+MX_TRAINING_SCALE_MODES = ("RCEIL", "FLOOR", "CEIL")
+
+FAMILY_ORDER_FORMS = ("scale_on_weight", "scale_after_linear", "fp32_dequant")
+
+# decode -> (elements per scale, the start of qlower's reason for leaving it alone)
+NOT_MX_SCALE = "scale decode differs from e8m0"
+NOT_MX_BLOCKS = "weight is computed from 8-bit data"
+NEAR_MX: dict[str, tuple[int, str]] = {
+    "e4m3_scale": (32, NOT_MX_SCALE),  # the scale bytes read as e4m3 values
+    "e5m2_scale": (32, NOT_MX_SCALE),
+    "exp2_bias126": (32, NOT_MX_SCALE),  # 2 ** (e - 126): e8m0 off by one
+    "exp2_bias128": (32, NOT_MX_SCALE),
+    "e8m0_block16": (16, NOT_MX_BLOCKS),  # e8m0 codes, one per 16 elements
+    "nvfp4": (16, NOT_MX_BLOCKS),  # e2m1 elements, an e4m3 scale per 16, a global fp32 scale
+}
+NEAR_MX_SPELLINGS = ("linear", "fp32_matmul")
+
+# form -> a phrase of its row's reason (patterns/unclaimed.py; tests/test_report_rows.py::SILENT_BEFORE)
+STACKED: dict[str, str] = {
+    "bmm": "batched matmul",
+    "einsum": "batched matmul",
+    "w_left_vector": "matrix-vector product W @ x",
+    "w_left_matrix": "is the left operand (W @ x)",
+}
+EXPERTS = (1, 2, 4, 8)
+
+
+def unavailable() -> dict[str, str]:
+    """Variants this environment cannot run, and why (mx_training builds torchao's modules)."""
+    if importlib.util.find_spec("torchao") is None:
+        return {"mx_training": "torchao is not installed"}
+    return {}
+
+
+def _own_form(c: Case, form: str) -> None:
+    """The class's own model: the base draw's form choices (MX formats, scale dtype, kn) do not apply."""
+    c.form = form
+    c.extra = {k: v for k, v in c.extra.items() if k in ("variant", "all_families")}
+
+
+def draw_mx_training(rng: random.Random, c: Case) -> None:
+    _own_form(c, rng.choice(MX_TRAINING_BUILDERS))
+    dims = MX_TRAINING_DIMS[c.device]
+    tokens = rng.choice([t for t in dims if t <= MX_TRAINING_MAX_TOKENS[c.device]])
+    c.k, c.n = rng.choice(dims), rng.choice(dims)
+    c.batch = rng.choice((None, 1, 2))
+    c.m = tokens // (c.batch or 1)
+    c.dtype, c.preference, c.dynamic, c.m2 = "bfloat16", "AUTO", False, None
+    c.bias = rng.random() < 0.5
+    if c.form == "MXFP8Linear":
+        c.extra["scale_mode"] = rng.choice(MX_TRAINING_SCALE_MODES)
+
+
+def draw_family_order(rng: random.Random, c: Case) -> None:
+    _own_form(c, rng.choice(FAMILY_ORDER_FORMS))
+    c.extra.pop("all_families", None)  # replaced by the drawn order
+    int8 = ["woq_int8", "dynamic_int8"]
+    if rng.random() < 0.5:
+        chosen = list(qlower.FAMILIES)
+    else:  # a subset holding an int8 family: with neither, no family looks at an int8 linear (no row)
+        chosen = list(dict.fromkeys([rng.choice(int8)] + [f for f in qlower.FAMILIES if rng.random() < 0.5]))
+    rng.shuffle(chosen)
+    c.extra["families"] = ",".join(chosen)
+    c.bias = False
+    layout = rng.choice(("1d", "2d", "3d"))
+    if layout == "1d":  # a vector-matrix product: one token, no dim to mark dynamic
+        c.extra["x_dims"] = "k"
+        c.m, c.batch, c.dynamic, c.m2 = 1, None, False, None
+    else:
+        c.batch = None if layout == "2d" else c.batch or rng.choice((1, 2, 3))
+
+
+def draw_near_mx(rng: random.Random, c: Case) -> None:
+    _own_form(c, "near_mx")
+    decode = rng.choice(list(NEAR_MX))
+    elem = "e2m1" if decode == "nvfp4" else rng.choice(("e4m3", "e5m2", "e2m1"))
+    c.extra.update(decode=decode, elem=elem, spelling=rng.choice(NEAR_MX_SPELLINGS))
+    c.k = max(32, c.k // 32 * 32)  # MX-shaped: whole 32-element blocks (the base draw may be a partial one)
+    c.bias = rng.random() < 0.5
+
+
+def draw_stacked_experts(rng: random.Random, c: Case) -> None:
+    _own_form(c, rng.choice(list(STACKED)))
+    c.bias = False
+    if c.form in ("bmm", "einsum"):
+        e = rng.choice(EXPERTS)
+        c.extra["experts"] = e
+        c.batch = e if c.form == "bmm" else None  # bmm: x [E, M, K]; einsum: x [M, K] against every expert
+        return
+    c.extra["x_dims"] = "k" if c.form == "w_left_vector" else "k,m"  # v [K] or [K, B] (B = M)
+    c.batch, c.dynamic, c.m2 = None, False, None
+    if c.form == "w_left_vector":
+        c.m = 1
+
+
+DRAWS: dict[str, Callable[[random.Random, Case], None]] = {
+    "mx_training": draw_mx_training,
+    "family_order": draw_family_order,
+    "near_mx": draw_near_mx,
+    "stacked_experts": draw_stacked_experts,
+}
+
+
+def families(case: Case) -> tuple[str, ...] | None:
+    """The `families=` the case compiles with, in its drawn order; None where the class does not draw it."""
+    order = case.extra.get("families")
+    return tuple(order.split(",")) if order else None
+
+
+# ------------------------------------------------------------------------------------------ models
+class FamilyOrderLinear(nn.Module):
+    """A dynamic-int8 linear written dequantize-then-matmul: woq_int8 also sees a dequantized int8 weight in
+    it, so the family that decides must not depend on the order of `families=` (tests/test_family_order.py's
+    `scale_on_weight`, `scale_after_linear`; `fp32_dequant` is tests/dynamic_int8_forms.py's DequantBoth)."""
+
+    def __init__(self, k: int, n: int, form: str, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.form = form
+        self.register_buffer("q", torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
+        self.register_buffer("s", torch.rand(n, generator=g) / 100 + 1e-3)
+
+    @staticmethod
+    def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = x.abs().amax(-1, keepdim=True).clamp_min(1e-5) / 127
+        return (x / s).round().clamp(-128, 127), s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, sx = self._quantize(x)
+        xq, dt = xq.to(torch.int8), x.dtype
+        if self.form == "scale_on_weight":
+            return (xq.to(dt) * sx) @ (self.q.to(dt) * self.s.to(dt)[:, None]).t()
+        if self.form == "scale_after_linear":
+            return F.linear(xq.to(dt) * sx, self.q.to(dt)) * self.s.to(dt)
+        xd = xq.float() * sx.float()
+        return F.linear(xd, self.q.float() * self.s[:, None]).to(dt)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """float64 with the activation quantized exactly (eager rounds x / s in x's dtype first)."""
+        xq, sx = self._quantize(x.double())
+        return (xq * sx) @ (self.q.double() * self.s.double()[:, None]).t()
+
+
+class NearMXLinear(nn.Module):
+    """A weight decoded MX-like but not as MX (`NEAR_MX`): fp8 or packed e2m1 elements times one scale per
+    block along K, the scale byte decoded otherwise than e8m0, or blocks of 16. qlower must leave it alone."""
+
+    def __init__(self, n: int, k: int, decode: str, elem: str, spelling: str, bias: bool, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.n, self.k, self.decode, self.elem, self.spelling = n, k, decode, elem, spelling
+        self.block = NEAR_MX[decode][0]
+        if elem == "e2m1":
+            q = fmt.pack_e2m1(torch.randint(0, 16, (n, k), generator=g))
+        else:
+            q = (torch.randn(n, k, generator=g) * 2).to(fmt.FP8_DTYPE[elem])
+        # scale bytes whose own decode lies in 2^-6 .. 2^4 (never an fp8 NaN / Inf): finite fp16 outputs
+        lo, hi = {"e4m3_scale": (0x28, 0x48), "e5m2_scale": (0x34, 0x44), "nvfp4": (0x28, 0x48)}.get(
+            decode, (122, 130)
+        )
+        e = torch.randint(lo, hi + 1, (n, k // self.block), generator=g, dtype=torch.uint8)
+        self.register_buffer("q", q)
+        self.register_buffer("e", e.view(torch.float8_e4m3fn) if decode == "nvfp4" else e)
+        self.register_buffer("gs", torch.tensor(0.5))  # nvfp4's per-tensor scale
+        self.register_buffer("b", torch.randn(n, generator=g) * 0.1 if bias else None)
+
+    def _elements(self) -> torch.Tensor:
+        if self.elem != "e2m1":
+            return self.q.float()
+        lut = torch.tensor(fmt.E2M1_VALUES, device=self.q.device)
+        return lut[torch.stack([self.q & 15, self.q >> 4], -1).view(self.n, self.k).long()]
+
+    def _scales(self) -> torch.Tensor:
+        d, e = self.decode, self.e
+        if d == "e4m3_scale":
+            return e.view(torch.float8_e4m3fn).float()
+        if d == "e5m2_scale":
+            return e.view(torch.float8_e5m2).float()
+        if d == "exp2_bias126":
+            return 2 ** (e.float() - 126)
+        if d == "exp2_bias128":
+            return torch.exp2(e.float() - 128)
+        if d == "e8m0_block16":
+            return torch.exp2(e.float() - 127)
+        return e.float() * self.gs
+
+    def weight(self) -> torch.Tensor:
+        """[N, K] fp32: exact (fp8 / e2m1 values times powers of two or fp8 values)."""
+        w = self._elements().view(self.n, self.k // self.block, self.block) * self._scales()[..., None]
+        return w.view(self.n, self.k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight()
+        if self.spelling == "fp32_matmul":
+            y = x.float() @ w.t()
+            return (y if self.b is None else y + self.b).to(x.dtype)
+        return F.linear(x, w.to(x.dtype), None if self.b is None else self.b.to(x.dtype))
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.double() @ self.weight().double().t()
+        return y if self.b is None else y + self.b.double()
+
+
+class StackedExperts(nn.Module):
+    """Stacked int8 experts or the weight as the left operand (`STACKED`): quantized linears no recognizer
+    takes, which patterns/unclaimed.py must still report (one left-alone row each)."""
+
+    def __init__(self, form: str, experts: int, n: int, k: int, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        lead = (experts,) if form in ("bmm", "einsum") else ()
+        self.form = form
+        self.register_buffer("w", torch.randint(-127, 128, (*lead, n, k), generator=g, dtype=torch.int8))
+        self.register_buffer("s", torch.rand(*lead, n, generator=g) / 100 + 1e-3)
+
+    def _product(self, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        if self.form == "bmm":
+            return torch.bmm(x, w.transpose(1, 2)) * s[:, None]
+        if self.form == "einsum":
+            return torch.einsum("mk,enk->emn", x, w) * s[:, None]
+        if self.form == "w_left_vector":
+            return (w @ x) * s
+        return (w @ x) * s[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._product(x, self.w.to(x.dtype), self.s.to(x.dtype))
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """float64 of the same formula, the scale rounded to x's dtype as the model does."""
+        return self._product(x.double(), self.w.double(), self.s.to(x.dtype).double())
+
+
+def _torchao_mx_training(case: Case) -> nn.Module:
+    """torchao's MX training linear, as tests/test_mx_training.py builds it, on the case's device."""
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
+        torch.manual_seed(case.seed % (1 << 31))
+        if case.form == "MXFP8Linear":
+            return MXFP8Linear(
+                case.k,
+                case.n,
+                bias=case.bias,
+                kernel_preference=KernelPreference.EMULATED,
+                scale_calculation_mode=ScaleCalculationMode[case.extra["scale_mode"]],
+            ).to(case.device, torch.bfloat16)
+        model = nn.Sequential(nn.Linear(case.k, case.n, bias=case.bias)).to(case.device, torch.bfloat16)
+    quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+    return model
+
+
+def build(case: Case, to_device: Callable[[nn.Module, str], nn.Module]) -> nn.Module:
+    """The class's model on the case's device; `reference` (float64) where the formula is known."""
+    variant, seed = case.extra["variant"], case.seed % (1 << 31)
+    if variant == "mx_training":
+        return _torchao_mx_training(case)
+    if variant == "family_order":
+        model: nn.Module = FamilyOrderLinear(case.k, case.n, case.form, seed)
+    elif variant == "near_mx":
+        ex = case.extra
+        model = NearMXLinear(case.n, case.k, ex["decode"], ex["elem"], ex["spelling"], case.bias, seed)
+    else:
+        model = StackedExperts(case.form, case.extra.get("experts", 1), case.n, case.k, seed)
+    return to_device(model, case.device)
+
+
+# ------------------------------------------------------------------------------------------ rows
+def _int_shape(d: dict[str, Any]) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(s) for s in d["shape"])
+    except ValueError:
+        return None
+
+
+def _row(d: dict[str, Any]) -> str:
+    return f"({d['family']}, {d['lowering'] or 'left alone'}, {(d['reason'] or '')[:80]!r})"
+
+
+def check_rows(case: Case, decisions: list[dict[str, Any]]) -> str | None:
+    """What is wrong with the report rows of a class's case (`decisions`: fuzz_compile._decisions), or None.
+
+    Every compile of the case reports its quantized linear (each graph of a dynamic M, the forward and the
+    backward of a training step): the count, family, lowered or left alone and the reason are the class's.
+    """
+    variant = case.extra.get("variant")
+    if variant not in VARIANTS:
+        return None
+    if variant == "mx_training":
+        t = case.m * (case.batch or 1)
+        want = sorted([(t, case.k, case.n), (t, case.n, case.k), (case.n, t, case.k)])
+        got = sorted(_int_shape(d) or () for d in decisions)
+        if got != want or any(d["family"] != "mx" or not d["lowering"] for d in decisions):
+            rows = [(d["family"], d["shape"], d["lowering"] or d["reason"]) for d in decisions]
+            return f"MX training rows: want (M, K, N) {want} all mx and lowered, got {rows}"
+        return None
+    by_compile: dict[int, list[dict[str, Any]]] = {}
+    for d in decisions:
+        by_compile.setdefault(d["compile"], []).append(d)
+    for rows in by_compile.values():
+        if len(rows) != 1:
+            return f"{len(rows)} rows in one compile, want 1: {', '.join(map(_row, rows))}"
+        (d,) = rows
+        if variant == "family_order":
+            fams = families(case) or ()
+            if "dynamic_int8" in fams:
+                if d["family"] != "dynamic_int8" or not d["lowering"]:
+                    return f"families={list(fams)}: want dynamic_int8 lowered, got {_row(d)}"
+            elif d["family"] != "woq_int8" or d["lowering"] or d["reason"] != DYNAMIC_ACTIVATION:
+                return (
+                    f"families={list(fams)}: want woq_int8 left alone with DYNAMIC_ACTIVATION, got {_row(d)}"
+                )
+        elif variant == "near_mx":
+            start = NEAR_MX[case.extra["decode"]][1]
+            if d["family"] != "mx" or d["lowering"] or not (d["reason"] or "").startswith(start):
+                return f"want mx left alone, reason starting {start!r}, got {_row(d)}"
+        else:
+            phrase = STACKED[case.form]
+            reason = d["reason"] or ""
+            if d["family"] != "woq_int8" or d["lowering"] or phrase not in reason or "int8[" not in reason:
+                return f"want woq_int8 left alone, reason with {phrase!r} and int8[..], got {_row(d)}"
+    return None
