@@ -53,6 +53,11 @@ _PATH_OPS = (
 _MAX_DEPTH = 10
 
 
+def _is_dequantize_op(node: fx.Node) -> bool:
+    """A PT2E `quantized_decomposed.dequantize_*` op: its first argument is the quantized tensor."""
+    return str(node.target).startswith("quantized_decomposed.dequantize")
+
+
 def quantized_source(node: Any, depth: int = _MAX_DEPTH) -> torch.Tensor | None:
     """The fake value of the 8-bit storage `node` is computed from through dequant-path ops, or None."""
     if not isinstance(node, fx.Node) or depth == 0:
@@ -64,7 +69,7 @@ def quantized_source(node: Any, depth: int = _MAX_DEPTH) -> torch.Tensor | None:
         return v
     if node.op != "call_function":
         return None
-    if convert_target_dtype(node) is not None or is_call(node, _PATH_OPS):
+    if convert_target_dtype(node) is not None or is_call(node, _PATH_OPS) or _is_dequantize_op(node):
         for arg in node.args[:2] if is_call(node, (*MUL_OPS, *ADD_OPS, aten.sub.Tensor)) else node.args[:1]:
             found = quantized_source(arg, depth - 1)
             if found is not None:
@@ -118,31 +123,40 @@ def _product(node: fx.Node) -> Rejection | None:
 
 
 def _matvec(node: fx.Node) -> Rejection | None:
-    """A row for `sum(w * x, dim)`: a 2-D quantized weight times a 1-D vector, reduced over K (the
-    decomposition of `w.to(dtype) @ x` for a 1-D x)."""
-    if not is_call(node, (aten.sum.dim_IntList,)) or list(node.args[1]) not in ([1], [-1]):
+    """A row for a matrix-vector product decomposed to `sum(a * b, dim)` with quantized data on one side:
+    `w.to(dtype) @ x` for a 1-D x is `(w * x).sum(1)`, and Inductor's M = 1 decomposition of `addmm` on CPU is
+    `(x.T * w.T).sum(0, keepdim=True)`, which no recognizer takes."""
+    if not is_call(node, (aten.sum.dim_IntList,)) or len(node.args[1]) != 1:
         return None
     prod = node.args[0]
     if not is_call(prod, MUL_OPS):
         return None
     a, b = prod.args[:2]
     qa, qb = quantized_source(a), quantized_source(b)
-    if (qa is None) == (qb is None):
+    pv, out = tensor_val(prod), tensor_val(node)
+    if (qa is None and qb is None) or pv is None or out is None or pv.dim() != 2:
         return None
-    w, x = (a, b) if qa is not None else (b, a)
-    wv, xv, out = tensor_val(w), tensor_val(x), tensor_val(node)
-    if wv is None or xv is None or out is None or wv.dim() != 2 or xv.dim() != 1:
-        return None
-    storage = qa if qa is not None else qb
+    storage = qb if qb is not None else qa
     assert storage is not None
     what = f"{str(storage.dtype).removeprefix('torch.')}{_dims(storage)}"
-    reason = (
-        f"matrix-vector product W @ x with the quantized weight ({what}) on the left, decomposed to "
-        "sum(W * x): qlower's recognizers take x @ W.T, so Inductor computes it as written"
-    )
+    kdim = node.args[1][0] % 2
+    k, n = pv.shape[kdim], pv.shape[1 - kdim]
+    x = b if qa is not None and qb is None else a
+    xv = tensor_val(x)
     if convert_target_dtype(x) is not None and tensor_val(x.args[0]) is not None:  # the fp32 upcast of x
         xv = tensor_val(x.args[0])
-    return Rejection(_family(storage), node, reason, out.device, xv.dtype, (1, wv.shape[1], wv.shape[0]))
+    dtype = xv.dtype if xv is not None and xv.dtype.is_floating_point else out.dtype
+    if xv is not None and xv.dim() == 1 and qb is None:
+        reason = (
+            f"matrix-vector product W @ x with the quantized weight ({what}) on the left, decomposed to "
+            "sum(W * x): qlower's recognizers take x @ W.T, so Inductor computes it as written"
+        )
+    else:
+        reason = (
+            f"a matrix-vector product of quantized data ({what}) decomposed to sum(a * b) over K (Inductor's "
+            "M = 1 form of mm / addmm): no recognizer takes this form, so Inductor computes it as written"
+        )
+    return Rejection(_family(qa, qb), node, reason, out.device, dtype, (1, k, n))
 
 
 def find_unclaimed(

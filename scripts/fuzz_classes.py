@@ -297,18 +297,27 @@ def _torchao_mx_training(case: Case) -> nn.Module:
     from torchao.quantization import quantize_
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
+    def linear() -> nn.Module:
+        return MXFP8Linear(
+            case.k,
+            case.n,
+            bias=case.bias,
+            kernel_preference=KernelPreference.EMULATED,
+            scale_calculation_mode=ScaleCalculationMode[case.extra["scale_mode"]],
+        ).to(case.device, torch.bfloat16)
+
     with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
         torch.manual_seed(case.seed % (1 << 31))
         if case.form == "MXFP8Linear":
-            return MXFP8Linear(
-                case.k,
-                case.n,
-                bias=case.bias,
-                kernel_preference=KernelPreference.EMULATED,
-                scale_calculation_mode=ScaleCalculationMode[case.extra["scale_mode"]],
-            ).to(case.device, torch.bfloat16)
+            return linear()
         model = nn.Sequential(nn.Linear(case.k, case.n, bias=case.bias)).to(case.device, torch.bfloat16)
-    quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+        try:
+            quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+        except AssertionError as err:  # torchao 0.18 refuses the config on torch < 2.12 ("latest nightly")
+            if "nightly" not in str(err):
+                raise
+            case.extra["builder_fallback"] = f"MXFP8Linear ({str(err)[:60]})"
+            return linear()
     return model
 
 

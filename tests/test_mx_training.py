@@ -104,7 +104,12 @@ def _torchao_mx_training(kind: str, k: int, n: int, device: str) -> torch.nn.Mod
             device, torch.bfloat16
         )
     model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(device, torch.bfloat16)
-    quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+    try:
+        quantize_(model, MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL))
+    except AssertionError as err:  # torchao 0.18 refuses this config on torch < 2.12 ("latest nightly")
+        if "nightly" not in str(err):
+            raise
+        pytest.skip(f"torchao refuses MXFP8TrainingOpConfig on torch {torch.__version__}: {err}")
     return model
 
 

@@ -56,24 +56,37 @@ def weight_left_matrix(v):
     return W[0].to(BF16) @ v
 
 
+def dynamic_addmm_m1_decomposed(x):
+    """Inductor's CPU decomposition of `addmm` at M = 1, `(x.T * w.T).sum(0, keepdim=True) + b`, of a
+    dequantized int8 activation and weight (a PT2E dynamic-int8 linear with bias at batch 1)."""
+    s = x.abs().amax(-1, keepdim=True).clamp_min(1e-5) / 127
+    xd = (x / s).round().clamp(-128, 127).to(torch.int8).float() * s.float()
+    wd = W[0].float() * S[0][:, None]
+    return ((xd.t() * wd.t()).sum(0, keepdim=True) + S[1]).to(x.dtype)
+
+
 SILENT_BEFORE = [
-    (bmm_experts, (E, M, K), "batched matmul"),
-    (bmm_one_expert, (1, M, K), "batched matmul"),
-    (einsum_experts, (M, K), "batched matmul"),
-    (einsum_one_expert, (M, K), "batched matmul"),
-    (weight_left_vector, (K,), "matrix-vector product W @ x"),
-    (weight_left_matrix, (K, 3), "is the left operand (W @ x)"),
+    (bmm_experts, (E, M, K), "woq_int8", "batched matmul"),
+    (bmm_one_expert, (1, M, K), "woq_int8", "batched matmul"),
+    (einsum_experts, (M, K), "woq_int8", "batched matmul"),
+    (einsum_one_expert, (M, K), "woq_int8", "batched matmul"),
+    (weight_left_vector, (K,), "woq_int8", "matrix-vector product W @ x"),
+    (weight_left_matrix, (K, 3), "woq_int8", "is the left operand (W @ x)"),
+    (dynamic_addmm_m1_decomposed, (1, K), "dynamic_int8", "decomposed to sum(a * b) over K"),
 ]
 
 
-@pytest.mark.parametrize(("fn", "shape", "why"), SILENT_BEFORE, ids=[f.__name__ for f, _, _ in SILENT_BEFORE])
-def test_every_linear_shaped_product_gets_a_row(fn, shape, why):
+@pytest.mark.parametrize(
+    ("fn", "shape", "family", "why"), SILENT_BEFORE, ids=[f.__name__ for f, *_ in SILENT_BEFORE]
+)
+def test_every_linear_shaped_product_gets_a_row(fn, shape, family, why):
     x = torch.randn(*shape, dtype=BF16)
     report = apply_pass(trace_for_inductor(fn, x))
     assert len(report) == 1, report.table()
     (d,) = report
-    assert d.family == "woq_int8" and not d.lowered and why in d.reason, d
-    assert d.dtype == "torch.bfloat16" and d.device == "cpu"
+    assert d.family == family and not d.lowered and why in d.reason, d
+    # the activation's dtype as the product sees it (the dequantized fp32 one where the graph computes in fp32)
+    assert d.dtype == ("torch.float32" if family == "dynamic_int8" else "torch.bfloat16") and d.device == "cpu"
     assert "int8[" in d.reason  # names the quantized storage it saw
 
 
