@@ -1,7 +1,7 @@
 """Whole-decoder benchmark: a Llama-style decoder quantized several ways, bf16 compiled as the baseline.
 
     python scripts/bench_model.py --device cuda [--layers 4] [--variants default] [--out DIR]
-    python scripts/bench_model.py --device cpu              # small shapes (dim 512) and wall clock
+    python scripts/bench_model.py --device cpu              # --small: every variant in a few minutes
     torchrun --nproc-per-node 2 scripts/bench_model.py --device cuda --tp 2
 
 Why: qlower picks kernels per linear for a static M; users run whole models whose batch or length changes
@@ -10,7 +10,9 @@ Why: qlower picks kernels per linear for a static M; users run whole models whos
 The model: `--layers` blocks of Llama-3-8B shape by default (dim 4096, 32 heads, 8 kv heads, fused qkv
 4096->6144, o 4096->4096, fused gate/up 4096->28672, down 14336->4096; RMSNorm, RoPE, SDPA against a KV
 cache), random weights, fed hidden states (no embedding or lm_head). `--small` (automatic on CPU): dim 512,
-8 heads, 2 kv heads, hidden 1792, cache and prefill 256; `--dim` etc. override one size.
+8 heads, 2 kv heads, hidden 1792, and a run that checks and times every variant in a few minutes on 2 CPU
+cores (SMALL_RUN: 1 layer, decode batches 1 and 16 against a cache of 256, prefill 128, 0.5 s of steps per
+row); `--dim`, `--layers`, `--batches`, `--shapes` etc. override one setting.
 Variants (`--variants`, comma list, `default` or `all`): `<quantization>:<compiler>` with the compiler `stock`
 (torch.compile) or `qlower` (torch.compile with `qlower.inductor_options()`); `bf16` is stock-compiled bf16.
   woq     gpt-fast's weight-only int8 formula `F.linear(x, w_int8.to(x.dtype)) * s` (qlower.quantize)
@@ -32,12 +34,14 @@ also given against the matmul time alone, which says how much of a step the weig
 
 Timing: after the compile call and `--warmup` calls, `--reps` steps (at least 20 on CUDA). CUDA with graphs:
 median of CUDA-event times per step; without graphs and on CPU: median wall clock per step (CUDA synchronized
-before and after each step). Every row checks the compiled output against the same model in eager
+before and after each step). Each time comes with its spread over the steps (`±`, qlower.timing: IQR /
+median); a WARNING line under the header says when a spread passes 15 % or the load average passed the CPU
+count while timing. Every row checks the compiled output against the same model in eager
 (REL_TOL). Rows: time per step, tokens/s, ratio to bf16 of the same workload, mode and graphs setting, the
 fraction of the variant's HBM floor (its weight bytes / `--hbm-tbps`, CUDA only), and qlower's report summary
 (linears lowered, kernels). A failure or a linear left alone goes in the note column; exit status 1 then.
-Writes model_<device>[_tp<N>].md / .json / .png to `--out` (default: a new temporary folder; the committed
-tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md / .json after each variant, so
+Writes model_<device>[_tp<N>].md / .json / .png to `--out` (default: `bench-out/` in the current folder, as
+scripts/bench.py; the committed tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md / .json after each variant, so
 a run cut short keeps its finished rows. `--replot JSON` rewrites the .md and .png. Compiles per variant and
 graphs setting: one per static workload, plus one per new shape in changing / dynamic mode; on a machine with a
 time limit, run subsets (`--variants`, `--shapes`, `--cudagraphs`, `--batches`).
@@ -60,9 +64,7 @@ import functools
 import io
 import json
 import os
-import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -76,9 +78,10 @@ from torch import nn
 
 import qlower
 from qlower.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, mx_format
+from qlower.timing import SPREAD_DEFINITION, LoadWatch, format_spread, stability_warning, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Progress, describe_device, versions  # noqa: E402  (scripts/bench.py, a script module)
+from bench import DEFAULT_OUT, Progress, describe_device, versions  # noqa: E402  (scripts/bench.py)
 
 REL_TOL = 5e-2  # max |y - eager| / max |eager| of a compiled step against the same model in eager
 DTYPE = torch.bfloat16
@@ -104,8 +107,24 @@ class Config:
 
 FULL = Config()
 SMALL = Config(dim=512, heads=8, kv_heads=2, hidden=1792)
-SMALL_WORKLOAD = {"cache": 256, "prefill": 256}  # --cache / --prefill defaults with small shapes
-FULL_WORKLOAD = {"cache": 1024, "prefill": 2048}
+# Defaults of the flags left unset. --small checks and times every variant in a few minutes on 2 CPU cores
+# (`time python scripts/bench_model.py --small`); the full run is the H200 tables' method.
+SMALL_RUN: dict[str, Any] = {
+    "layers": 1,
+    "batches": [1, 16],
+    "cache": 256,
+    "prefill": 128,
+    "shapes": ["static", "changing"],
+    "budget": 0.5,
+}
+FULL_RUN: dict[str, Any] = {
+    "layers": 4,
+    "batches": [1, 4, 16, 64],
+    "cache": 1024,
+    "prefill": 2048,
+    "shapes": ["static", "changing"],
+    "budget": 1.0,
+}
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -450,6 +469,7 @@ class Row:
     tokens_per_step: int
     seconds: float | None = None  # median per step
     min_seconds: float | None = None
+    spread: float | None = None  # IQR / median of the timed steps (qlower.timing); None in older JSON
     reps: int = 0
     tokens_per_s: float | None = None
     vs_bf16: float | None = None
@@ -619,7 +639,8 @@ def run_row(
         notes.append(f"cudagraphs skipped ×{skips}")
     if row.rel_err > REL_TOL:
         notes.append(f"rel err {row.rel_err:.3g} > {REL_TOL}")
-    row.seconds, row.min_seconds, row.reps = statistics.median(times), min(times), len(times)
+    timing = summarize(times)
+    row.seconds, row.spread, row.min_seconds, row.reps = timing.median, timing.spread, min(times), len(times)
     row.tokens_per_s = wl.batch * wl.tokens / row.seconds
     if device.startswith("cuda"):
         row.hbm_floor = row.weight_bytes / (args.hbm_tbps * 1e12) / row.seconds
@@ -674,6 +695,7 @@ def _measure(
     rows: list[Row] = []
     inductor_defaults = torch._inductor.config.get_config_copy()  # torchao's quantize_ flips global knobs
     start = time.perf_counter()
+    watch = LoadWatch()
 
     def meta_now(partial: bool) -> dict[str, Any]:
         return {
@@ -689,12 +711,16 @@ def _measure(
             "prefill": args.prefill,
             "tp": tp.world,
             "hbm_tbps": args.hbm_tbps if device.startswith("cuda") else None,
-            "timing": "median per step: CUDA events with graphs on, else wall clock (CUDA synchronized)"
-            if device.startswith("cuda")
-            else "median wall clock per step",
+            "timing": (
+                "median per step: CUDA events with graphs on, else wall clock (CUDA synchronized)"
+                if device.startswith("cuda")
+                else "median wall clock per step"
+            )
+            + f", {SPREAD_DEFINITION}",
             "wall_s": round(time.perf_counter() - start, 1),
             "rank": tp.rank,
             **({"partial": "yes (the run stopped before its last variant)"} if partial else {}),
+            "warning": timing_warning(rows, watch),
         }
 
     with torch.no_grad():
@@ -730,6 +756,7 @@ def _measure(
                         if fn is not None:
                             try:
                                 run_row(model, fn, row, wl, args, device, prev)
+                                watch.sample()
                             except Exception as e:  # recorded in the row; the run goes on
                                 row.note = f"failed: {type(e).__name__}: {_first_line(e)}"
                         row.note = "; ".join(n for n in (note, row.note) if n)
@@ -750,6 +777,16 @@ def _measure(
     return meta, rows
 
 
+def timing_warning(rows: list[Row], watch: LoadWatch | None) -> str | None:
+    """bench_model's WARNING line (qlower.timing.stability_warning) over every timed row."""
+    spreads = {
+        f"{r.variant} {r.workload} {r.mode}" + (" graphs" if r.cudagraphs else ""): r.spread
+        for r in rows
+        if r.spread is not None
+    }
+    return stability_warning(spreads, watch.peak if watch is not None else None)
+
+
 def fill_ratios(rows: list[Row]) -> None:
     base = {(r.workload, r.mode, r.cudagraphs, r.tp): r.seconds for r in rows if r.variant == "bf16"}
     for r in rows:
@@ -764,6 +801,11 @@ def _fmt_time(s: float | None) -> str:
     if s is None:
         return "—"
     return f"{s * 1e6:.0f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _fmt_step(r: Row) -> str:
+    """The median step and, when measured, its spread: `1.23 ms ±4%`."""
+    return _fmt_time(r.seconds) + ("" if r.spread is None else " " + format_spread(r.spread))
 
 
 def _combo_name(mode: str, graphs: bool) -> str:
@@ -788,7 +830,7 @@ def table(rows: list[Row]) -> str:
                     cells.append("failed" if r is not None else "—")
                 else:
                     ratio = f" ({r.vs_bf16:.2f}×)" if v != "bf16" and r.vs_bf16 else ""
-                    cells.append(_fmt_time(r.seconds) + ratio)
+                    cells.append(_fmt_step(r) + ratio)
             out.append(f"| {wl} | " + " | ".join(cells) + " |")
         out.append("")
     split = any(r.gpu_matmul_s is not None for r in rows)
@@ -815,7 +857,7 @@ def table(rows: list[Row]) -> str:
             r.workload,
             r.mode,
             "on" if r.cudagraphs else "off",
-            _fmt_time(r.seconds),
+            _fmt_step(r),
             f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "—",
             f"{r.vs_bf16:.2f}×" if r.vs_bf16 else "—",
             f"{r.hbm_floor:.2f}" if r.hbm_floor is not None else "—",
@@ -871,9 +913,10 @@ def plot(rows: list[Row], title: str, path: Path) -> Path | None:
 
 def write(out: Path, meta: dict[str, Any], rows: list[Row], with_plot: bool = True) -> str:
     stem = out / (f"model_{meta['device_kind']}" + (f"_tp{meta['tp']}" if meta["tp"] > 1 else ""))
-    skip = ("config", "rank", "device_kind")
+    skip = ("config", "rank", "device_kind", "warning")
     header = " · ".join(f"{k} {v}" for k, v in meta.items() if k not in skip and v is not None)
-    text = f"{header}\n\nconfig: {meta['config']}\n\n{table(rows)}"
+    warning = f"\n\n{meta['warning']}" if meta.get("warning") else ""
+    text = f"{header}{warning}\n\nconfig: {meta['config']}\n\n{table(rows)}"
     out.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(text + "\n")
     data = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
@@ -908,21 +951,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--variants", default="default", help=f"comma list, `default` or `all` ({', '.join(ALL_VARIANTS)})"
     )
-    p.add_argument("--small", action="store_true", help="dim 512 shapes (automatic on CPU)")
+    p.add_argument(
+        "--small", action="store_true", help="dim 512 shapes, a few-minute run (automatic on CPU; SMALL_RUN)"
+    )
     for name in ("dim", "heads", "kv-heads", "hidden"):
         p.add_argument(f"--{name}", type=int, default=None, help="override one size of the shapes")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batches", type=_ints, default=[1, 4, 16, 64], help="decode batch sizes, in run order")
+    p.add_argument("--layers", type=int, default=None, help="decoder blocks (default 4; small 1)")
+    p.add_argument(
+        "--batches",
+        type=_ints,
+        default=None,
+        help="decode batch sizes, in run order (default 1,4,16,64; small 1,16)",
+    )
     p.add_argument(
         "--cache", type=int, default=None, help="KV-cache length of decode (default 1024; small 256)"
     )
     p.add_argument(
-        "--prefill", type=int, default=None, help="prefill tokens, 0: none (default 2048; small 256)"
+        "--prefill", type=int, default=None, help="prefill tokens, 0: none (default 2048; small 128)"
     )
     p.add_argument(
         "--shapes",
         type=lambda t: _choices(t, ("static", "changing", "dynamic")),
-        default=["static", "changing"],
+        default=None,
         help="comma list of static, changing, dynamic (default static,changing)",
     )
     p.add_argument(
@@ -940,11 +990,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--reps", type=int, default=None, help="timed steps per row (default CUDA 30, CPU 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after the compile call")
-    p.add_argument("--budget", type=float, default=1.0, help="CPU: keep timing a row while under this many s")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="CPU: keep timing a row while under this many s (default 1; small 0.5)",
+    )
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="peak HBM bandwidth for the floor (H200: 4.8)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel world size (run under torchrun)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--out", default=None, help="folder for the .md/.json/.png (default: a new temp folder)")
+    p.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"folder for the .md/.json/.png (default: ./{DEFAULT_OUT}; the committed tables: benchmarks)",
+    )
     p.add_argument("--replot", metavar="JSON", help="no measuring: rewrite .md/.png from an earlier .json")
     args = p.parse_args(argv)
     args.argv = argv
@@ -953,10 +1012,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sizes = {
         k: getattr(args, k) for k in ("dim", "heads", "kv_heads", "hidden") if getattr(args, k) is not None
     }
+    run = SMALL_RUN if small else FULL_RUN
+    for key, value in run.items():
+        if getattr(args, key) is None:
+            setattr(args, key, copy.copy(value))
     args.cfg = dataclasses.replace(preset, layers=args.layers, **sizes)
-    wl = SMALL_WORKLOAD if small else FULL_WORKLOAD
-    args.cache = wl["cache"] if args.cache is None else args.cache
-    args.prefill = wl["prefill"] if args.prefill is None else args.prefill
     args.variants = parse_variants(args.variants)
     cuda = args.device == "cuda"
     graphs = args.cudagraphs or (["on", "off"] if cuda else ["off"])
@@ -978,7 +1038,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="qlower-bench-model-"))
+    out = Path(args.out)
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
         meta, rows = data["meta"], [Row(**r) for r in data["rows"]]

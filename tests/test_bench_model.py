@@ -4,6 +4,7 @@ checked against the unsharded linears."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import json
 import math
@@ -43,6 +44,7 @@ def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
         assert r["tokens_per_s"] == pytest.approx(1 / r["seconds"])
         assert r["rel_err"] <= bm.REL_TOL, r
         assert r["note"] == "", r
+        assert r["spread"] is not None and r["spread"] >= 0, r  # IQR / median of the timed steps
     assert rows[("bf16", "decode b1", "static", False)]["vs_bf16"] == 1.0
     r = rows[("woq:qlower", "decode b1", "static", False)]
     assert (r["lowered"], r["linears"]) == (4, 4), r
@@ -50,6 +52,7 @@ def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
     assert data["meta"]["tp"] == 1 and data["meta"]["config"]["dim"] == 128
     table = (tmp_path / "model_cpu.md").read_text()
     assert "| workload | bf16 | woq:qlower |" in table
+    assert "interquartile range / median" in data["meta"]["timing"] and " ±" in table
     assert "4/4 lowered" in table
     try:
         import matplotlib  # noqa: F401
@@ -133,3 +136,42 @@ def test_kernel_split_names_matmuls() -> None:
         assert not bm.is_matmul_kernel(name), name
     with pytest.raises(SystemExit):
         bm.parse_args(["--device", "cpu", "--kernel-split"])
+
+
+def test_small_run_defaults_measure_every_variant_into_bench_out() -> None:
+    """`--small` (automatic on CPU) shortens the run (SMALL_RUN: layers, batches, shapes, budget), never the
+    variant list; the files go to ./bench-out like scripts/bench.py's. An explicit flag wins over the preset."""
+    bm = _load()
+    args = bm.parse_args(["--device", "cpu"])
+    assert args.out == "bench-out"
+    assert args.variants == bm.parse_variants("default")
+    assert args.cfg.layers == bm.SMALL_RUN["layers"] < bm.FULL_RUN["layers"]
+    assert (args.batches, args.shapes, args.budget) == tuple(
+        bm.SMALL_RUN[k] for k in ("batches", "shapes", "budget")
+    )
+    args = bm.parse_args(
+        [*"--device cpu --layers 4 --batches 1,4 --shapes static,changing --prefill 256".split()]
+    )
+    assert (args.cfg.layers, args.batches, args.shapes, args.prefill) == (
+        4,
+        [1, 4],
+        ["static", "changing"],
+        256,
+    )
+
+
+def test_unstable_rows_give_one_warning_line(tmp_path: Path) -> None:
+    bm = _load()
+    rows = [
+        bm.Row(v, "decode b1", "static", False, 1, 1, 1, seconds=1e-3, spread=0.03)
+        for v in ("bf16", "woq:qlower")
+    ]
+    assert bm.timing_warning(rows, None) is None
+    rows[1].spread = 0.6
+    warning = bm.timing_warning(rows, None)
+    assert warning is not None and "woq:qlower decode b1 static ±60%" in warning
+    assert "1.00 ms ±60%" in bm.table(rows)
+    meta = {"device": "cpu", "device_kind": "cpu", "tp": 1, "torch": "x", "date": "d", "cache": 8}
+    meta["config"] = dataclasses.asdict(bm.SMALL)
+    text = bm.write(tmp_path, {**meta, "warning": warning}, rows, with_plot=False)
+    assert text.splitlines()[2] == warning
