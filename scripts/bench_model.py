@@ -41,10 +41,11 @@ count while timing. Every row checks the compiled output against the same model 
 fraction of the variant's HBM floor (its weight bytes / `--hbm-tbps`, CUDA only), and qlower's report summary
 (linears lowered, kernels). A failure or a linear left alone goes in the note column; exit status 1 then.
 Writes model_<device>[_tp<N>].md / .json / .png to `--out` (default: `bench-out/` in the current folder, as
-scripts/bench.py; the committed tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md / .json after each variant, so
-a run cut short keeps its finished rows. `--replot JSON` rewrites the .md and .png. Compiles per variant and
-graphs setting: one per static workload, plus one per new shape in changing / dynamic mode; on a machine with a
-time limit, run subsets (`--variants`, `--shapes`, `--cudagraphs`, `--batches`).
+scripts/bench.py; the committed tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md /
+.json after each variant, so a run cut short keeps its finished rows. `--replot JSON` rewrites the .md and
+.png. Compiles per variant and graphs setting: one per static workload, plus one per new shape in changing /
+dynamic mode; on a machine with a time limit, run subsets (`--variants`, `--shapes`, `--cudagraphs`,
+`--batches`).
 
 `--tp N`: under `torchrun --nproc-per-node N`, each rank holds a gpt-fast-style shard (column-parallel qkv and
 gate/up with their per-channel scales sliced, row-parallel o and down with full scales, outputs summed with

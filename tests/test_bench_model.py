@@ -140,7 +140,8 @@ def test_kernel_split_names_matmuls() -> None:
 
 def test_small_run_defaults_measure_every_variant_into_bench_out() -> None:
     """`--small` (automatic on CPU) shortens the run (SMALL_RUN: layers, batches, shapes, budget), never the
-    variant list; the files go to ./bench-out like scripts/bench.py's. An explicit flag wins over the preset."""
+    variant list; the files go to ./bench-out like scripts/bench.py's. An explicit flag wins over the
+    preset."""
     bm = _load()
     args = bm.parse_args(["--device", "cpu"])
     assert args.out == "bench-out"
