@@ -303,7 +303,7 @@ def _torchao_mx_training(case: Case) -> nn.Module:
             case.n,
             bias=case.bias,
             kernel_preference=KernelPreference.EMULATED,
-            scale_calculation_mode=ScaleCalculationMode[case.extra["scale_mode"]],
+            scale_calculation_mode=ScaleCalculationMode[case.extra.get("scale_mode", "RCEIL")],
         ).to(case.device, torch.bfloat16)
 
     with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
