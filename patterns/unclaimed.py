@@ -124,7 +124,7 @@ def _product(node: fx.Node) -> Rejection | None:
 
 def _matvec(node: fx.Node) -> Rejection | None:
     """A row for a matrix-vector product decomposed to `sum(a * b, dim)` with quantized data on one side:
-    `w.to(dtype) @ x` for a 1-D x is `(w * x).sum(1)`, and Inductor's M = 1 decomposition of `addmm` on CPU is
+    `w.to(dtype) @ x` for a 1-D x is `(w * x).sum(1)`, and Inductor's M = 1 decomposition of `addmm` is
     `(x.T * w.T).sum(0, keepdim=True)`, which no recognizer takes."""
     if not is_call(node, (aten.sum.dim_IntList,)) or len(node.args[1]) != 1:
         return None
