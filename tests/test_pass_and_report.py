@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from conftest import SUBPROCESS_TIMEOUT_S
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 from woq_models import WoqLinear
@@ -109,7 +110,7 @@ def test_qlower_log_env_prints_decisions():
         capture_output=True,
         text=True,
         cwd=os.path.dirname(__file__),
-        timeout=300,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[qlower] woq_int8 cpu" in proc.stderr
