@@ -22,6 +22,22 @@ HOST_DEVICE = torch.device("cpu")  # qlower: host-device
 
 VIEW_OPS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 MUL_OPS = (aten.mul.Tensor,)
+# Ops that only view, move or copy elements, never change a value: the layout steps between stored data and
+# the matmul operand it becomes.
+LAYOUT_OPS = (
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.permute.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.expand.default,
+    aten.clone.default,
+)
 ADD_OPS = (aten.add.Tensor,)
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

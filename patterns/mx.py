@@ -34,6 +34,7 @@ from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     HOST_DEVICE,
+    LAYOUT_OPS,
     VIEW_OPS,
     MatmulSite,
     aten,
@@ -59,18 +60,7 @@ _PROBE_NUMEL = 1 << 16  # evaluate at full size up to this many elements, else s
 _FULL_EVAL_LIMIT = 1 << 24
 
 _LAYOUT_OPS = {
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.permute.default,
-    aten.t.default,
-    aten.transpose.int,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.expand.default,
-    aten.clone.default,
+    *LAYOUT_OPS,
     aten.alias.default,
     aten.slice.Tensor,
     aten.cat.default,

@@ -20,6 +20,7 @@ from torch import fx
 
 from qlower.patterns.graph_utils import (
     ADD_OPS,
+    LAYOUT_OPS,
     MUL_OPS,
     aten,
     convert_target_dtype,
@@ -33,23 +34,7 @@ _INT8 = (torch.int8,)
 _MX = (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2)
 _PRODUCTS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 # Ops a dequantized value flows through on its way into a product: layout, dtype and scale/zero-point math.
-_PATH_OPS = (
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.t.default,
-    aten.transpose.int,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.squeeze.default,
-    aten.expand.default,
-    aten.clone.default,
-    aten.sub.Tensor,
-    *MUL_OPS,
-    *ADD_OPS,
-)
+_PATH_OPS = (*LAYOUT_OPS, aten.sub.Tensor, *MUL_OPS, *ADD_OPS)
 _MAX_DEPTH = 10
 
 
