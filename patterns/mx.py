@@ -567,6 +567,22 @@ def _diffs(probe: _Probe, runs: list[_Run], d: _Decoding, half: str) -> list[tup
     return out
 
 
+def _probe_of(
+    mul: fx.Node,
+    q: _Decode,
+    e: _Decode,
+    elem: str,
+    rows: Any,
+    k: int,
+    graph: fx.Graph,
+    tables: dict[fx.Node, torch.Tensor],
+    r: int,
+) -> _Probe:
+    """The probe of the decode subgraph between the boundaries `q`, `e` and `mul`, run on `r` of its rows."""
+    nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(graph)[n])
+    return _Probe(nodes, mul, q.boundary, e.boundary, tables, elem, int(_hint(rows)), r, k, graph)
+
+
 def _verify(
     mul: fx.Node,
     q: _Decode,
@@ -580,11 +596,10 @@ def _verify(
     """Run the dequant subgraph on probes of every element and scale code: what it decodes (`_Decoding`), a
     reason where it differs from MX, or None where the probe cannot run it."""
     nrows = int(_hint(rows))
-    nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(graph)[n])
     for r in dict.fromkeys((_probe_rows(nrows, k), nrows)):
         if r * k > _FULL_EVAL_LIMIT:
             continue
-        probe = _Probe(nodes, mul, q.boundary, e.boundary, tables, elem, nrows, r, k, graph)
+        probe = _probe_of(mul, q, e, elem, rows, k, graph, tables, r)
         try:
             return _check_decode(probe)
         except _NotMX as err:
@@ -627,10 +642,7 @@ def _verify_runtime_table(
         return _runtime_table_reason(names, "with the e2m1 values it does not decode MX")
     rand = torch.randn(tv.numel(), generator=torch.Generator().manual_seed(7)).to(tv.dtype)
     probe_tables = {**tables, unknown[0]: rand.reshape(tv.shape)}
-    nrows = int(_hint(rows))
-    nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(graph)[n])
-    r = _probe_rows(nrows, k)
-    probe = _Probe(nodes, mul, q.boundary, e.boundary, probe_tables, elem, nrows, r, k, graph)  # type: ignore[arg-type]
+    probe = _probe_of(mul, q, e, elem, rows, k, graph, probe_tables, _probe_rows(int(_hint(rows)), k))
     try:
         for j in range(_rounds(probe.q_numel, probe.e_numel)):
             qb, ec = (
