@@ -5,6 +5,8 @@ The interface every `bench_<family>.py` follows is documented at the top of benc
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
@@ -46,6 +48,28 @@ def dequant_then_mm(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor
     return F.linear(x, w["q"].to(x.dtype) * w["s"][:, None])
 
 
+_GEMLITE: dict[int, object] = {}
+
+
+def gemlite_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """gemlite 0.6's A16W8_INT8 (Triton, its own autotuned configs) on the same int8 weight and scales, packed
+    once per weight set; what a user picking a low-bit GEMM library instead of the compiler pass would run."""
+    from gemlite.helper import A16W8_INT8
+
+    layer = _GEMLITE.get(id(w["q"]))
+    if layer is None:
+        layer = A16W8_INT8(device=str(w["q"].device), dtype=x.dtype).from_weights(
+            w["q"], None, w["s"][:, None]
+        )
+        _GEMLITE[id(w["q"])] = layer
+    return layer(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
+def _gemlite_runs() -> bool:
+    """gemlite needs CUDA and the package (`pip install gemlite`); without either the variant is left out."""
+    return importlib.util.find_spec("gemlite") is not None and torch.cuda.is_available()
+
+
 # name -> (fn, how to run it): None = eager, "stock" = torch.compile, "qlower" = torch.compile + qlower.
 VARIANTS = {
     "bf16": (bf16_linear, None),
@@ -54,3 +78,5 @@ VARIANTS = {
     "eager_woq": (woq_linear, None),  # the quantized model uncompiled: convert, bf16 GEMM, scale the output
     "qlower": (woq_linear, "qlower"),
 }
+if _gemlite_runs():
+    VARIANTS["gemlite"] = (gemlite_linear, None)

@@ -118,13 +118,32 @@ def _woq_candidates(m: int, k: int, n: int) -> list[Any]:
         return [mm(64, 64, 128, 4, 4, fast=2), mm(64, 128, 128, 4, 4, fast=2), mm(64, 128, 64, 4, 4, fast=2),
                 mm(32, 64, 256, 4, 4, fast=2), mm(32, 128, 128, 4, 4, fast=2), mm(64, 32, 256, 4, 4, fast=2),
                 mm(32, 64, 256, 4, 4, split_k=2, fast=2), mm(32, 64, 256, 4, 4, split_k=4, fast=2),
-                mm(64, 64, 128, 4, 4, swap=True, fast=3), mm(64, 64, 128, 4, 4, swap=True, split_k=2, fast=3),
-                mm(64, 128, 128, 4, 4, swap=True, fast=3), tma(64, 128, 128, 4, 4, 2, fast=2)]  # fmt: skip
+                tma(64, 128, 128, 4, 4, 2, fast=2)] + _swap_grid(m_tile(m))  # fmt: skip
     if m <= 256:
         return [mm(64, 128, 128, 4, 4), mm(128, 128, 64, 8, 3), mm(128, 128, 128, 8, 3), mm(64, 256, 64, 8, 3),
-                mm(128, 64, 128, 4, 4), mm(128, 128, 64, 4, 4, swap=True)]  # fmt: skip
+                mm(128, 64, 128, 4, 4), mm(128, 128, 64, 4, 4, fast=2), mm(128, 128, 64, 4, 3, fast=2),
+                mm(128, 128, 64, 4, 4, split_k=2, fast=2), mm(64, 128, 64, 4, 4, fast=2),
+                tma(128, 128, 64, 4, 4, 2, fast=2)] + _swap_grid(128) + (
+                    [mm(256, 64, 64, 4, 3, swap=True, fast=3), mm(256, 64, 64, 4, 4, swap=True, fast=3)]
+                    if m > 128 else [])  # fmt: skip
     return [mm(128, 256, 64, 8, 3), mm(128, 128, 64, 8, 4), mm(128, 256, 64, 8, 4), mm(256, 128, 64, 8, 3),
             mm(128, 128, 128, 8, 3), mm(128, 256, 64, 8, 3, swap=True), mm(128, 128, 64, 8, 4, swap=True)]  # fmt: skip
+
+
+def m_tile(m: int) -> int:
+    """The activation rows one swap-AB program covers: all of M up to 64 (each weight tile converted once)."""
+    return 32 if m <= 32 else 64
+
+
+def _swap_grid(bm: int) -> list[Any]:
+    """Swap-AB tiles with the 2-element PTX conversion: weight rows 64 / 128, K steps 64 / 128, split-K 1 / 2 / 4,
+    3 or 4 stages (the M 32..256 sweep of BENCHMARKS.md, "CUDA (H200), woq_int8", found 3 stages and split-K
+    where the table had 4 stages and none)."""
+    from qlower.tuning import mm
+
+    return [mm(bm, bn, bk, 4, st, swap=True, split_k=sk, fast=3)
+            for bn in (64, 128) for bk in (64, 128) for sk in (1, 2, 4) for st in (3, 4)
+            if not (bm >= 128 and bn == 128 and bk == 128)]  # fmt: skip
 
 
 def dyn_candidates(m: int, k: int, n: int) -> list[Any]:

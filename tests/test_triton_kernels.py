@@ -645,16 +645,25 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
 
 
 def test_woq_mid_m_rule_and_crossover():
-    """M 65..256 (AUTO's Triton range, `configs.WOQ_INT8_MAX_M`, from the H200 M = 64..256 sweep): swap-AB tiles
-    off the measured shapes too, narrow ones at N <= 8192, and the crossover to dequant + mm right above the last
-    measured win."""
+    """M 33..256 (AUTO's Triton range, `configs.WOQ_INT8_MAX_M`, from the H200 M = 32..256 sweep): swap-AB tiles
+    off the measured shapes too (3 stages where N > K, K split 4 ways where K > N), and the crossover to dequant +
+    mm right above the last measured win."""
     from qlower.lowerings.kernels.triton import configs
 
     assert configs.WOQ_INT8_MAX_M == 256
-    for m, n, tile in [(100, 5120, (64, 64, 128)), (128, 11008, (128, 64, 128)), (200, 5120, (128, 64, 128))]:
-        cfg = configs.woq_int8_config(m, 2048, n)
-        assert (cfg.kernel, cfg.swap_ab, (cfg.block_m, cfg.block_n, cfg.block_k)) == ("mm", True, tile), cfg
+    for m, k, n, tile, stages, split in [
+        (100, 2048, 5120, (128, 64, 128), 3, 1),
+        (128, 2048, 11008, (128, 64, 128), 3, 1),
+        (200, 2048, 5120, (128, 64, 128), 3, 1),
+        (100, 2048, 2048, (64, 64, 128), 4, 1),
+        (100, 11008, 2048, (128, 64, 128), 3, 4),
+        (50, 11008, 2048, (64, 64, 128), 4, 4),
+    ]:
+        cfg = configs.woq_int8_config(m, k, n)
+        got = (cfg.kernel, cfg.swap_ab, (cfg.block_m, cfg.block_n, cfg.block_k), cfg.num_stages, cfg.split_k)
+        assert got == ("mm", True, tile, stages, split), (m, k, n, str(cfg))
         assert cfg.fast_cvt == 3  # the 2-element PTX conversion on the swap-AB register operand
+    assert configs.woq_int8_config(20, 11008, 2048).split_k == 4  # M 17..32 with K > N: split too
     assert not configs.woq_int8_config(256, 2048, 11008).swap_ab  # wide N at 256: the 128x128 tile won
     assert configs.woq_int8_config(128, 4096, 4096) == configs.WOQ_INT8_TABLE[(128, 4096, 4096)]
 

@@ -195,7 +195,7 @@ _H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
     ),  # 30.3 (was the same tile through fp32: 31.1)
     # M >= 128, N = 14336: PTX entries of the PTX sweep ("was" timed in it); the TMA entries as above
     # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
-    (128, 4096, 14336): mm(128, 64, 128, 4, 4, swap=True, fast=3),  # 46.7 (mm 128x128x128 w8 s3 cvt2: 48.5)
+    (128, 4096, 14336): mm(128, 64, 128, 4, 3, swap=True, fast=3),  # 38.3 (the same tile at s4: 47.9)
     (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9)
     (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5)
     (
@@ -236,6 +236,13 @@ _H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
     (64, 4096, 6144): mm(64, 64, 128, 4, 4, swap=True, fast=3),
     # 55.1 us (was mm(64, 64, 128, swap=True, fast=3) 58.0; bf16 61.0)
     (64, 4096, 28672): mm(64, 128, 64, 4, 4, fast=2),
+    # M 32..256 at the five decoder shapes, 3 stages and split-K on the swap-AB tile (`python
+    # scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --sweep-m 32,64,128,256 --sweep-kn
+    # 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`; BENCHMARKS.md, "CUDA (H200), woq_int8"). us; "was":
+    # the config before, same run. Points whose winner the rules below now give have no entry.
+    (32, 4096, 14336): mm(32, 64, 256, 4, 4, fast=2),  # 25.5 (was swap 64x64x128 s4: 31.0)
+    (32, 4096, 28672): mm(32, 128, 128, 4, 4, fast=2),  # 45.0 (was swap 64x64x128 s4: 57.6)
+    (128, 4096, 28672): WOQ_TMA,  # 68.0 (was swap 128x64x128 s4: 91.0)
 }
 # The TMA sweep on the H200 (2026-11-30; lab-archive BENCHMARKS.md, "CUDA (H200): dynamic_int8, the TMA
 # kernel"; script and raw output at that tag): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
@@ -306,20 +313,37 @@ def _mm16_ptx(k: int, n: int) -> KernelConfig:
 
 
 def _woq_rule(bucket: int, k: int, n: int) -> KernelConfig:
-    """Shapes the sweep did not cover: the configs that were good on both swept (K, N). Pointer kernels up to
-    M = 256 (they also serve dynamic M's skinny launch); above, the TMA tile that won every swept M >= 1024
-    (static M only; it falls back to its pointer twin where TMA cannot serve)."""
+    """Shapes the sweep did not cover: the configs that were good on the swept (K, N) of each side of N = K.
+    Pointer kernels up to M = 256 (they also serve dynamic M's skinny launch); above, the TMA tile that won every
+    swept M >= 1024 (static M only; it falls back to its pointer twin where TMA cannot serve).
+
+    M 32..256 (the sweep of the M 32..256 table entries): a long K (>= 8192) above N splits K 4 ways
+    (14336->4096: 29.8 / 39.5 / 56.6 us at M = 32 / 64 / 128 against 47.1 / 47.1 / 59.0 unsplit); the 128-row
+    swap-AB tile runs 3 stages where N > K (4096->14336 at M = 128: 38.3 against 47.9 us at 4 stages;
+    4096->6144 at M = 256: 36.9 against 47.0).
+    """
     if bucket == 1:
         return gemv(1, 8, 1024)
     if bucket <= 16:
         return _mm16_ptx(k, n)
-    wide = n > 8192  # the M=64..256 sweep: narrow swap-AB tiles at N=4096, wider ones at N=14336
-    if bucket <= 64:  # the PTX sweep: PTX conversions, 2 elements per call on the swap-AB register operand
-        return mm(64, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
+    wide = n > 8192
+    split = k > n and k >= 8192  # few N tiles, a long K: fill the SMs by splitting K
+    if bucket <= 32:
+        return mm(32, 64, 256, 4, 4, split_k=4 if split else 1, fast=2)
+    if bucket <= 64:  # the PTX conversions, 2 elements per call on the swap-AB register operand
+        if split:
+            return mm(64, 64, 128, 4, 4, swap=True, split_k=4, fast=3)
+        return mm(64, 64, 128, 4, 3, swap=True, fast=3) if wide else mm(32, 64, 256, 4, 4, fast=2)
     if bucket <= 128:
-        return mm(128, 64, 128, 4, 4, swap=True, fast=3) if wide else mm(64, 64, 128, 4, 4, swap=True, fast=3)
+        if split:
+            return mm(128, 64, 128, 4, 3, swap=True, split_k=4, fast=3)
+        return (
+            mm(128, 64, 128, 4, 3, swap=True, fast=3) if n > k else mm(64, 64, 128, 4, 4, swap=True, fast=3)
+        )
     if bucket <= 256:
-        return WOQ_TMA if wide else mm(128, 64, 128, 4, 4, swap=True, fast=3)
+        if wide:
+            return WOQ_TMA
+        return mm(128, 64, 128, 4, 3 if n > k else 4, swap=True, fast=3)
     return WOQ_TMA
 
 

@@ -317,6 +317,12 @@ def _dense_above(
     return _dense(a, w, ws, bias, out_dtype, g, round_ws)
 
 
+# The dequantize kernel's tile (N rows x K columns, 4 warps): 46.3 / 46.5 us for a 4096->14336 / 14336->4096
+# weight on the H200, against 49.0 / 49.0 for 32 x 128 and an HBM floor of 36.7 (read int8, write bf16); nine
+# tiles timed (BENCHMARKS.md, "CUDA (H200), woq_int8", large M).
+DEQUANT_TILE = (32, 256)
+
+
 def _dense(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -333,7 +339,7 @@ def _dense(
     kg = k if ungated else k * gate
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
-    bn, bk = 32, 128
+    bn, bk = DEQUANT_TILE
     wrap_triton(woq_dequant_kernel)[(cdiv(n, bn) * gate, cdiv(k, bk), 1)](
         w, ws1, wd, n, k, w.stride(0), w.stride(1), s_ws, k, 1, ROUND_WS=round_ws, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=4,
