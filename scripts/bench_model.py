@@ -47,6 +47,10 @@ scripts/bench.py; the committed tables are refreshed on purpose with `--out benc
 dynamic mode; on a machine with a time limit, run subsets (`--variants`, `--shapes`, `--cudagraphs`,
 `--batches`).
 
+Compile time: each row that compiled gives the wall seconds of its compiling call ("compile s": Dynamo, Inductor,
+Triton and the first run), next to its step time. Caches on disk serve a repeat run unless `--cold`, which gives
+the run fresh, empty Inductor and Triton cache folders and turns Inductor's caches off.
+
 `--tp N`: under `torchrun --nproc-per-node N`, each rank holds a gpt-fast-style shard (column-parallel qkv and
 gate/up with their per-channel scales sliced, row-parallel o and down with full scales, outputs summed with
 torch.distributed._functional_collectives.all_reduce); rank 0 reports. Without torchrun, `--tp 1` runs the same
@@ -66,6 +70,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -482,6 +487,7 @@ class Row:
     graphs_compiled: int = (
         0  # Dynamo graphs this row's calls compiled (0: an earlier workload's graph served)
     )
+    compile_s: float | None = None  # wall seconds of the call that compiled (None: no compile in this row)
     lowered: int | None = None  # qlower rows: linears lowered / candidates
     linears: int | None = None
     kernels: str = ""
@@ -604,7 +610,12 @@ def run_row(
     breaks0 = _counter("graph_break")
     qlower.clear_reports()
     ref = model(x, wl.start)  # eager, the same weights and cache
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
     y = fn(x, wl.start)  # compiles, or recompiles, for this shape
+    sync()
+    first_call_s = time.perf_counter() - t0
     row.rel_err = rel_error(y, ref)
     del y, ref
     for _ in range(args.warmup):  # cudagraph trees: a warm-up run, then the recording
@@ -612,6 +623,7 @@ def run_row(
             torch.compiler.cudagraph_mark_step_begin()
         fn(x, wl.start)
     row.graphs_compiled = _counter("stats", "unique_graphs") - graphs0
+    row.compile_s = first_call_s if row.graphs_compiled else None
     row.graph_of = wl.name if row.graphs_compiled or prev is None else prev.graph_of
     notes = []
     if split_variant(row.variant)[1] == "qlower":
@@ -847,6 +859,7 @@ def table(rows: list[Row]) -> str:
         "HBM floor",
         *split_head,
         "compiles",
+        "compile s",
         "qlower",
         "note",
     ]
@@ -864,6 +877,7 @@ def table(rows: list[Row]) -> str:
             f"{r.hbm_floor:.2f}" if r.hbm_floor is not None else "—",
             *(_split_cells(r) if split else []),
             str(r.graphs_compiled),
+            f"{r.compile_s:.1f}" if r.compile_s is not None else "—",
             q,
             r.note.replace("|", "/"),
         ]
@@ -1006,6 +1020,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"folder for the .md/.json/.png (default: ./{DEFAULT_OUT}; the committed tables: benchmarks)",
     )
     p.add_argument("--replot", metavar="JSON", help="no measuring: rewrite .md/.png from an earlier .json")
+    p.add_argument("--cold", action="store_true", help="compile with empty caches (compile s of a first run)")
     args = p.parse_args(argv)
     args.argv = argv
     small = args.small or args.device == "cpu"
@@ -1036,6 +1051,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def cold_caches() -> None:
+    """Fresh, empty Inductor and Triton cache folders for this process, Inductor's caches off: every compile in
+    the run is a first compile."""
+    root = Path(tempfile.mkdtemp(prefix="qlower-bench-cold-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    torch._inductor.config.force_disable_caches = True
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -1044,6 +1068,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         data = json.loads(Path(args.replot).read_text())
         meta, rows = data["meta"], [Row(**r) for r in data["rows"]]
     else:
+        if args.cold:
+            cold_caches()
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"bench_model: writing to {out}", file=sys.stderr, flush=True)
         meta, rows = measure(args, lambda m, r: write(out, m, r, with_plot=False))

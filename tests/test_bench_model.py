@@ -45,6 +45,7 @@ def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
         assert r["rel_err"] <= bm.REL_TOL, r
         assert r["note"] == "", r
         assert r["spread"] is not None and r["spread"] >= 0, r  # IQR / median of the timed steps
+        assert r["graphs_compiled"] >= 1 and r["compile_s"] > 0, r  # each variant's first row compiled
     assert rows[("bf16", "decode b1", "static", False)]["vs_bf16"] == 1.0
     r = rows[("woq:qlower", "decode b1", "static", False)]
     assert (r["lowered"], r["linears"]) == (4, 4), r
@@ -53,7 +54,7 @@ def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
     table = (tmp_path / "model_cpu.md").read_text()
     assert "| workload | bf16 | woq:qlower |" in table
     assert "interquartile range / median" in data["meta"]["timing"] and " ±" in table
-    assert "4/4 lowered" in table
+    assert "4/4 lowered" in table and "| compile s |" in table
     try:
         import matplotlib  # noqa: F401
     except ImportError:
