@@ -18,11 +18,13 @@ from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from qlower.lowerings.emit import triton_access_cache
 from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
 
 
 def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[fx.Node]) -> fx.Node:
     """Trace `fn(*tensor values)` (non-tensor arguments are closed over) and splice it in before `em.before`."""
+    triton_access_cache.install()  # one TTIR access analysis per kernel configuration, not per launch
     fakes = [t.meta["val"] for t in tensors]
     fake_mode = detect_fake_mode(fakes)
     if fake_mode is None:
