@@ -412,7 +412,9 @@ def test_cuda_weight_side_fp16_scale_overflows_like_eager():
     with torch.no_grad():
         compiled(x)
     (d,) = qlower.last_report().entries
-    assert d.lowering == DEQUANT and "scales the weight in fp16" in d.passed_over_text, qlower.last_report().table()
+    assert d.lowering == DEQUANT and "scales the weight in fp16" in d.passed_over_text, (
+        qlower.last_report().table()
+    )
     model.s.fill_(1024.0)
     with torch.no_grad():
         out, eager = compiled(x), model(x)

@@ -86,7 +86,9 @@ def test_every_linear_shaped_product_gets_a_row(fn, shape, family, why):
     (d,) = report
     assert d.family == family and not d.lowered and why in d.reason, d
     # the activation's dtype as the product sees it (the dequantized fp32 one where the graph computes in fp32)
-    assert d.dtype == ("torch.float32" if family == "dynamic_int8" else "torch.bfloat16") and d.device == "cpu"
+    assert (
+        d.dtype == ("torch.float32" if family == "dynamic_int8" else "torch.bfloat16") and d.device == "cpu"
+    )
     assert "int8[" in d.reason  # names the quantized storage it saw
 
 
