@@ -145,6 +145,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
 
 
+def split_heads(
+    qkv: torch.Tensor, heads: int, kv_heads: int, hd: int, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused qkv projection [B, T, (heads + 2 kv_heads) hd] -> q, k (rotated) and v as [B, heads, T, hd]."""
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+    q = rope(q.view(b, t, heads, hd), cos, sin).transpose(1, 2)
+    k = rope(k.view(b, t, kv_heads, hd), cos, sin).transpose(1, 2)
+    return q, k, v.view(b, t, kv_heads, hd).transpose(1, 2)
+
+
 class TP:
     """The tensor-parallel world the model runs in (rank 0 of 1 without --tp)."""
 
@@ -180,12 +191,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         hd = self.cfg.head_dim
-        q, k, v = self.qkv(rms_norm(x, self.attn_norm, self.cfg.eps)).split(
-            [self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1
-        )
-        q = rope(q.view(b, t, self.heads, hd), cos, sin).transpose(1, 2)
-        k = rope(k.view(b, t, self.kv_heads, hd), cos, sin).transpose(1, 2)
-        v = v.view(b, t, self.kv_heads, hd).transpose(1, 2)
+        qkv = self.qkv(rms_norm(x, self.attn_norm, self.cfg.eps))
+        q, k, v = split_heads(qkv, self.heads, self.kv_heads, hd, cos, sin)
         self.k_cache[:b, :, start : start + t] = k
         self.v_cache[:b, :, start : start + t] = v
         keys, values = self.k_cache[:b, :, : start + t], self.v_cache[:b, :, : start + t]

@@ -34,7 +34,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
 from bench import DEFAULT_OUT, describe_device, versions  # noqa: E402
-from bench_model import Config, rms_norm, rope  # noqa: E402
+from bench_model import TP, Block, Config, rms_norm, split_heads  # noqa: E402
 
 import qlower  # noqa: E402
 
@@ -45,29 +45,18 @@ SMALL = Config(dim=128, heads=4, kv_heads=2, hidden=256, layers=1)
 LOSS_TOL = 1e-2  # relative difference of the final loss from mx:eager's
 
 
-class TrainBlock(nn.Module):
-    """A Llama block without a KV cache: RMSNorm, fused qkv, RoPE, causal SDPA, o, RMSNorm, SwiGLU."""
+class TrainBlock(Block):
+    """bench_model's Llama block (its layers and weights) without a KV cache: causal attention over the sequence."""
 
     def __init__(self, cfg: Config) -> None:
-        super().__init__()
-        self.cfg = cfg
-        hd = cfg.head_dim
-        self.qkv = nn.Linear(cfg.dim, (cfg.heads + 2 * cfg.kv_heads) * hd, bias=False)
-        self.o = nn.Linear(cfg.heads * hd, cfg.dim, bias=False)
-        self.gate_up = nn.Linear(cfg.dim, 2 * cfg.hidden, bias=False)
-        self.down = nn.Linear(cfg.hidden, cfg.dim, bias=False)
-        self.attn_norm = nn.Parameter(torch.ones(cfg.dim))
-        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim))
+        super().__init__(cfg, TP())
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         cfg, hd = self.cfg, self.cfg.head_dim
-        q, k, v = self.qkv(rms_norm(x, self.attn_norm, cfg.eps)).split(
-            [cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd], dim=-1
+        q, k, v = split_heads(
+            self.qkv(rms_norm(x, self.attn_norm, cfg.eps)), cfg.heads, cfg.kv_heads, hd, cos, sin
         )
-        q = rope(q.view(b, t, cfg.heads, hd), cos, sin).transpose(1, 2)
-        k = rope(k.view(b, t, cfg.kv_heads, hd), cos, sin).transpose(1, 2)
-        v = v.view(b, t, cfg.kv_heads, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o(y.transpose(1, 2).reshape(b, t, cfg.heads * hd))
         gate, up = self.gate_up(rms_norm(x, self.ffn_norm, cfg.eps)).chunk(2, dim=-1)
