@@ -56,19 +56,19 @@ def _value_key(value: Any) -> Hashable:
 
 
 def kernel_source(kernel: Any) -> tuple[Any, Hashable]:
-    """(the Python function a JITFunction compiles, the autotuning arguments the analysis adds). Torch wraps each
-    launch's num_warps / num_stages in a one-config Autotuner of its own, and torch's analysis adds the first
-    config's arguments to the call's (num_warps and num_stages do not reach the TTIR), so the function and
-    those arguments are the kernel's identity."""
+    """(the JITFunction, the autotuning arguments the analysis adds). Torch wraps each launch's num_warps /
+    num_stages in a one-config Autotuner of its own around the kernel's one JITFunction, and torch's analysis
+    adds the first config's arguments to the call's (num_warps and num_stages do not reach the TTIR), so the
+    JITFunction and those arguments are the kernel's identity."""
     extra: Hashable = ()
     if hasattr(kernel, "configs"):
         configs = kernel.configs
         extra = tuple(sorted((k, _value_key(v)) for k, v in configs[0].kwargs.items())) if configs else ()
         kernel = kernel.fn
     fn = getattr(kernel, "fn", None)
-    if fn is None or not callable(fn) or hasattr(fn, "fn"):
+    if fn is None or not callable(fn) or hasattr(fn, "fn"):  # not a JITFunction of a plain function
         raise _Uncacheable(type(kernel).__name__)
-    return fn, extra
+    return kernel, extra
 
 
 def configuration_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) -> Hashable:
