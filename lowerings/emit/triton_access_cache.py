@@ -29,29 +29,27 @@ class _Uncacheable(Exception):
     """An argument whose effect on the analysis the key cannot state."""
 
 
-def _value_key(value: Any) -> Hashable:
+@functools.cache
+def _kinds() -> tuple[tuple[type, ...], tuple[type, ...], type]:
+    """(symbolic types, tensor stand-ins, Triton's dtype), resolved once: the key is built for every launch."""
     import sympy
+    import triton.language as tl  # the analysis runs only for Triton kernels
+    from torch._inductor.ir import TensorBox
     from torch._subclasses.fake_tensor import FakeTensor
 
+    return (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr), (FakeTensor, TensorBox), tl.dtype
+
+
+def _value_key(value: Any) -> Hashable:
+    symbolic, tensors, tl_dtype = _kinds()
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return (type(value).__name__, value)
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
+    if isinstance(value, symbolic):
         return ("symbolic",)  # torch's generate_ttir passes 2 for every one of them
-    if isinstance(value, FakeTensor):
+    if isinstance(value, tensors):
         return ("tensor", value.dtype)
-    try:
-        from torch._inductor.ir import TensorBox
-    except ImportError:  # pragma: no cover
-        TensorBox = ()  # type: ignore[assignment]
-    if isinstance(value, TensorBox):
-        return ("tensor", value.get_dtype())
-    try:
-        import triton.language as tl
-
-        if isinstance(value, tl.dtype):
-            return ("tl.dtype", str(value))
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, tl_dtype):
+        return ("tl.dtype", str(value))
     raise _Uncacheable(type(value).__name__)
 
 
