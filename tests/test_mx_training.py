@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import qlower
+from qlower import testing
 from qlower.lowerings.emit.mx import legalize_e8m0, mx_bytes
 from qlower.patterns.graph_utils import tensor_val
 from qlower.testing import trace_for_inductor
@@ -163,3 +164,52 @@ def test_torchao_mx_training_matches_eager_mx(kind, shape):
 )
 def test_torchao_mx_training_matches_eager_mx_cuda(kind, shape):
     check_torchao_mx_training(kind, *shape, device="cuda")
+
+
+def _dim_cast_model(dims: str):
+    """A matmul of two MX-cast operands, each cast along its K as torchao's MX recipe writes it: "1", a dim-1
+    cast `to_mx(t.t().contiguous())` of a [K, rows] tensor (a wgrad's operands); "0", `to_mx(t)` of a
+    [rows, K] tensor."""
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+
+    def cast(t: torch.Tensor, dim1: bool) -> torch.Tensor:
+        src = t.t().contiguous() if dim1 else t
+        return MXTensor.to_mx(src, torch.float8_e4m3fn, 32).dequantize(torch.bfloat16)
+
+    def f(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(cast(g, dims[0] == "1"), cast(x, dims[1] == "1").t())
+
+    return f
+
+
+@pytest.mark.parametrize("dims", ["11", "10", "01", "00"])
+def test_dim1_cast_is_decoded_in_its_source_order(dims):
+    """The emulation stores a dim-1 cast's decoded operand in its source's order, [K, rows] (one coalesced pass
+    fused with the cast, not a transpose Inductor cannot tile), and hands the matmul the transposed view; other
+    operands keep [rows, K]. Numbers: eager torchao."""
+    pytest.importorskip("torchao")
+    f = _dim_cast_model(dims)
+    torch.manual_seed(0)
+    shapes = {"1": ((64, 96), (64, 128)), "0": ((96, 64), (128, 64))}  # K = 64, rows 96 and 128
+    g = torch.randn(shapes[dims[0]][0], dtype=torch.bfloat16)
+    x = torch.randn(shapes[dims[1]][1], dtype=torch.bfloat16)
+    gm = trace_for_inductor(f, g, x)
+    rows = testing.apply_pass(gm)
+    assert [(d.family, d.lowering) for d in rows] == [("mx", "mx_dequant_mm")], rows
+    (mm,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
+
+    def source_ordered(node: torch.fx.Node) -> bool:
+        """permute(clone(permute(decoded))): stored [K, rows], read as [rows, K]."""
+        inner = node.args[0] if node.target is torch.ops.aten.permute.default else None
+        return (
+            inner is not None
+            and inner.target is torch.ops.aten.clone.default
+            and (inner.args[0].target is torch.ops.aten.permute.default)
+        )
+
+    a, b_t = mm.args
+    assert source_ordered(a) == (dims[0] == "1")
+    assert b_t.target is torch.ops.aten.permute.default  # x's decoded [rows, K], transposed for the mm
+    assert source_ordered(b_t.args[0]) == (dims[1] == "1")
+    got, want = gm(g, x)[0], f(g, x)
+    assert torch.equal(got, want), (got - want).abs().max()
