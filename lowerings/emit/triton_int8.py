@@ -99,7 +99,8 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     ) -> torch.Tensor:
         return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above, host_branch, round_scale)
 
-    core = emit_traced(em, call, tensors)
+    key = ("woq_int8_linear", dense_above, host_branch, round_scale, bias is not None)
+    core = emit_traced(em, call, tensors, key)
     core = scale_epilogue(em, rec, core) if after else core
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
 
@@ -124,5 +125,5 @@ def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     ):
         return torch.ops.qlower.int8_dynamic_linear(xq, xs, w, s, b, out_dtype, host_branch)
 
-    core = emit_traced(em, call, tensors)
+    core = emit_traced(em, call, tensors, ("int8_dynamic_linear", out_dtype, host_branch, bias is not None))
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -76,5 +76,18 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
             a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch, a_sp, w_sp
         )
 
-    core = emit_traced(em, call, tensors)
+    key = (
+        "mx_linear",
+        has_xs,
+        bias is not None,
+        a_fmt,
+        w_fmt,
+        a_swz,
+        w_swz,
+        out_dtype,
+        host_branch,
+        a_sp,
+        w_sp,
+    )
+    core = emit_traced(em, call, tensors, key)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -4,11 +4,17 @@ qlower's pass runs after functionalization, so a triton_op node emitted as-is wo
 (a Python fallback under torch.compile, the proxy executor under AOTInductor). Tracing the op under
 FunctionalTensorMode yields the `triton_kernel_wrapper_functional` nodes (plus the allocations and the
 SymInt arithmetic of the grid) that Inductor compiles itself; they are copied in before the anchor node.
+
+Tracing costs about 0.3 s per linear (make_fx + functionalization of every launch; `scripts/bench_model.py`'s
+"compile s" shows it per model). Linears of one shape trace alike: a caller that passes a `key` (the op and its
+non-tensor arguments) gets one trace per (key, input sizes, strides, dtypes) per graph, copied again for each
+linear with fresh fake values (`_refresh_fakes`), so no two nodes share a fake tensor (Inductor's reinplacing
+reads aliasing from them). The cache lives on the graph: a new compile, preference or device starts empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -22,32 +28,125 @@ from qlower.lowerings.emit import triton_access_cache
 from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
 
 
-def emit_traced(em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[fx.Node]) -> fx.Node:
-    """Trace `fn(*tensor values)` (non-tensor arguments are closed over) and splice it in before `em.before`."""
+def emit_traced(
+    em: Emitter, fn: Callable[..., torch.Tensor], tensors: Sequence[fx.Node], key: Hashable | None = None
+) -> fx.Node:
+    """Trace `fn(*tensor values)` (non-tensor arguments are closed over) and splice it in before `em.before`.
+
+    `key`: what besides the tensors' metadata determines the trace (the op and its other arguments); with it,
+    a trace of this graph with the same key and tensor metadata is reused instead of traced again."""
     triton_access_cache.install()  # one TTIR access analysis per kernel configuration, not per launch
     fakes = [t.meta["val"] for t in tensors]
     fake_mode = detect_fake_mode(fakes)
     if fake_mode is None:
         raise RuntimeError("qlower: no fake mode found for the inputs of a Triton lowering")
-    with fake_mode:
-        # Inductor's decompositions too: the post-grad graph must not hold ops it only decomposes (an
-        # `aten.zeros` there fails its lowering with "both a fallback and a decomp")
-        sub = make_fx(
-            dispatch_functionalize(fn, FunctionalTensorMode()),
-            decomposition_table=select_decomp_table(),
-            tracing_mode="real",
-        )(*fakes)
-    _adopt_submodules(em.graph, sub)
+    cache = _trace_cache(em.graph)
+    full_key = None if key is None else (key, tuple(_describe(f) for f in fakes))
+    sub = cache.get(full_key) if full_key is not None else None
+    reused = sub is not None
+    if sub is None:
+        with fake_mode:
+            # Inductor's decompositions too: the post-grad graph must not hold ops it only decomposes (an
+            # `aten.zeros` there fails its lowering with "both a fallback and a decomp")
+            sub = make_fx(
+                dispatch_functionalize(fn, FunctionalTensorMode()),
+                decomposition_table=select_decomp_table(),
+                tracing_mode="real",
+            )(*fakes)
+        _adopt_submodules(em.graph, sub)
+        if full_key is not None:
+            cache[full_key] = sub
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     val_map: dict[fx.Node, Any] = dict(zip(placeholders, tensors, strict=True))
     before = set(em.graph.nodes)
     with em.graph.inserting_before(em.before):
         out = em.graph.graph_copy(sub.graph, val_map)
-    for node in em.graph.nodes:
-        if node not in before:
-            node.meta["qlower"] = True
+    new = [node for node in em.graph.nodes if node not in before]
+    for node in new:
+        node.meta["qlower"] = True
+    if reused:
+        _copy_branches(em.graph, new)
+        _refresh_fakes(em.graph, new, fake_mode)
     assert isinstance(out, fx.Node)
     return out
+
+
+_CACHE_ATTR = "_qlower_traces"
+
+
+def _trace_cache(graph: fx.Graph) -> dict[Hashable, fx.GraphModule]:
+    cache = getattr(graph, _CACHE_ATTR, None)
+    if cache is None:
+        cache = {}
+        setattr(graph, _CACHE_ATTR, cache)
+    return cache
+
+
+def _describe(val: Any) -> Hashable:
+    """What a trace reads of an input: sizes and strides (symbolic ones by expression), dtype, device."""
+    if not isinstance(val, torch.Tensor):
+        return ("value", str(val))
+    return (
+        tuple(str(s) for s in val.shape),
+        tuple(str(s) for s in val.stride()),
+        str(val.storage_offset()),
+        val.dtype,
+        val.device,
+    )
+
+
+def _copy_branches(graph: fx.Graph, nodes: Sequence[fx.Node]) -> None:
+    """Point the copied get_attr nodes at copies of their branch graphs, under names free on the module: each
+    `torch.cond` keeps branches of its own, as a fresh trace would give it (a wrapper that defines one launcher
+    per branch name never sees two)."""
+    gm = graph.owning_module
+    for node in nodes:
+        branch = getattr(gm, node.target) if node.op == "get_attr" else None
+        if not isinstance(branch, fx.GraphModule):
+            continue
+        node.target = _free_name(gm, node.target)
+        gm.add_submodule(node.target, _copy_module(branch))
+
+
+def _copy_module(branch: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a branch graph and of the branch graphs it holds (a cond tree), nodes' meta shallow-copied."""
+    g = fx.Graph()
+    g.output(g.graph_copy(branch.graph, {}))
+    dup = fx.GraphModule(branch, g)
+    dup.meta.update(branch.meta)
+    for node in g.nodes:
+        inner = getattr(dup, node.target) if node.op == "get_attr" else None
+        if isinstance(inner, fx.GraphModule):
+            setattr(dup, node.target, _copy_module(inner))
+    return dup
+
+
+def _free_name(gm: torch.nn.Module, name: str) -> str:
+    base, i = name, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _refresh_fakes(graph: fx.Graph, nodes: Sequence[fx.Node], fake_mode: Any) -> None:
+    """New fake values for copied nodes, from their (already fresh) inputs: each node runs under `fake_mode`."""
+    gm = graph.owning_module
+
+    def value(a: Any) -> Any:
+        if not isinstance(a, fx.Node):
+            return a
+        if a.op == "get_attr":
+            return getattr(gm, a.target)
+        return a.meta["val"]
+
+    with fake_mode:
+        for node in nodes:
+            if node.op != "call_function":
+                continue
+            args = fx.node.map_aggregate(node.args, value)
+            kwargs = fx.node.map_aggregate(node.kwargs, value)
+            node.meta["val"] = node.target(*args, **kwargs)
 
 
 def _adopt_submodules(graph: fx.Graph, sub: fx.GraphModule) -> None:
@@ -61,10 +160,7 @@ def _adopt_submodules(graph: fx.Graph, sub: fx.GraphModule) -> None:
             continue
         if gm is None:
             raise RuntimeError("qlower: a traced lowering holds subgraphs but the target graph has no module")
-        name, i = node.target, 0
-        while hasattr(gm, name):
-            i += 1
-            name = f"{node.target}_{i}"
+        name = _free_name(gm, node.target)
         branch = getattr(sub, node.target)
         for module in branch.modules():
             if isinstance(module, fx.GraphModule):

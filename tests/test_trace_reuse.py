@@ -1,0 +1,82 @@
+"""Linears of one shape are traced once per graph (`lowerings/kernels/triton/inline.emit_traced`'s key): the
+copies get launches, branch graphs and fake values of their own. On CPU: the structure of the emitted graph
+(its numbers on the GPU: tests/test_dynamic_m_gpu.py's multi-linear models)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+from woq_models import WoqLinear
+
+from qlower import testing
+from qlower.patterns import FAMILIES
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+class _Stack(nn.Module):
+    """Linears of the given (in, out) shapes (one in), each on the same input (independent records)."""
+
+    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(WoqLinear(k, n, torch.bfloat16) for k, n in shapes)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [layer(x) for layer in self.layers]
+
+
+def _emit(shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphModule, int]:
+    """The graph with every woq linear emitted as Triton launches (symbolic M), and how many traces ran."""
+    from qlower.lowerings.emit import triton_int8 as lowering
+    from qlower.lowerings.kernels.triton import inline
+
+    traces = [0]
+    original = inline.make_fx
+
+    def counted(*args, **kw):
+        traces[0] += 1
+        return original(*args, **kw)
+
+    monkeypatch.setattr(inline, "make_fx", counted)
+    x = torch.randn(5, shapes[0][0], dtype=torch.bfloat16)  # M one size symbol: a host `torch.cond`
+    gm = testing.trace_for_inductor(_Stack(shapes), x, dynamic=True)
+    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        records = FAMILIES["woq_int8"](gm.graph)
+        assert len(records) == len(shapes)
+        for rec in records:
+            rec.output.replace_all_uses_with(lowering.emit_woq_int8(gm.graph, rec))
+        gm.graph.eliminate_dead_code()
+    return gm, traces[0]
+
+
+def _launches(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    hop = torch.ops.higher_order.triton_kernel_wrapper_functional
+    graphs = [sub.graph for _, sub in gm.named_modules() if isinstance(sub, torch.fx.GraphModule)]
+    return [n for g in graphs for n in g.nodes if n.target is hop]
+
+
+def test_linears_of_one_shape_trace_once_and_copy_apart(monkeypatch):
+    one, traces_one = _emit([(64, 96)], monkeypatch)
+    four, traces_four = _emit([(64, 96)] * 4, monkeypatch)
+    assert traces_one == traces_four == 1
+    assert len(_launches(four)) == 4 * len(_launches(one)) > 0  # the branch graphs' launches too
+
+    # every linear has branch graphs of its own: no get_attr target shared, no module object twice
+    targets = [n.target for n in four.graph.nodes if n.op == "get_attr"]
+    branches = [getattr(four, t) for t in targets if isinstance(getattr(four, t), torch.fx.GraphModule)]
+    assert len(set(targets)) == len(targets) and len({id(b) for b in branches}) == len(branches)
+    assert targets and len(targets) == 4 * sum(1 for n in one.graph.nodes if n.op == "get_attr")
+
+    # and fake values of its own: two nodes sharing one fake tensor would read as aliases to Inductor's
+    # reinplacing (one more copy per launch)
+    fakes = [n.meta["val"] for n in four.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert len({id(v) for v in fakes}) == len(fakes)
+
+
+def test_other_shapes_trace_again(monkeypatch):
+    _, traces = _emit([(64, 96), (64, 96), (64, 48), (64, 32)], monkeypatch)
+    assert traces == 3
