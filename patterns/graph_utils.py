@@ -285,3 +285,14 @@ def bias_label(bias: Any) -> str:
         return ""
     v = tensor_val(bias)
     return "residual" if v is not None and v.dim() >= 2 else "bias"
+
+
+def graph_memo(graph: fx.Graph, name: str) -> dict[Any, Any]:
+    """A dict that lives as long as `graph` (an attribute on it): work memoized per graph, so nothing a compile
+    learned (a preference, a device, a table) reaches another compile."""
+    attr = f"_qlower_memo_{name}"
+    memo = getattr(graph, attr, None)
+    if memo is None:
+        memo = {}
+        setattr(graph, attr, memo)
+    return memo

@@ -22,7 +22,7 @@ whose weight is computed from 8-bit data but is not verified MX gets a rejection
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import isfinite, prod
 from typing import Any
 
@@ -42,6 +42,7 @@ from qlower.patterns.graph_utils import (
     convert_target_dtype,
     epilogue_factor,
     factor_kind,
+    graph_memo,
     has_single_user,
     is_call,
     is_static,
@@ -52,6 +53,7 @@ from qlower.patterns.graph_utils import (
     tensor_val,
 )
 from qlower.patterns.record import ActQuant, Candidate, QuantLinear, Rejection
+from qlower.patterns.structure_key import structure_key, tensor_key
 
 FAMILY = "mx"
 BLOCK = fmt.BLOCK
@@ -594,7 +596,46 @@ def _verify(
     tables: dict[fx.Node, torch.Tensor],
 ) -> _Decoding | str | None:
     """Run the dequant subgraph on probes of every element and scale code: what it decodes (`_Decoding`), a
-    reason where it differs from MX, or None where the probe cannot run it."""
+    reason where it differs from MX, or None where the probe cannot run it. Once per decode structure per
+    graph (`structure_key`): a model's linears decode alike."""
+    key = _verify_key(mul, q, e, elem, rows, k, tables)
+    memo = graph_memo(graph, "mx_verify")
+    if key is None or key not in memo:
+        found = _verify_probes(mul, q, e, elem, rows, k, graph, tables)
+        if key is None:
+            return found
+        memo[key] = found
+    found = memo[key]
+    return replace(found, special=dict(found.special)) if isinstance(found, _Decoding) else found
+
+
+def _verify_key(
+    mul: fx.Node, q: _Decode, e: _Decode, elem: str, rows: Any, k: int, tables: dict[fx.Node, torch.Tensor]
+) -> Any:
+    """What `_verify_probes` reads: the decode's structure (`_evaluate`'s inputs), the format and the sizes."""
+
+    def outside(n: fx.Node) -> Any:  # as `_evaluate` reads a node outside the decode
+        if n.op == "get_attr" and (stored := _stored_value(n)) is not None:
+            return stored
+        v = n.meta.get("val")
+        return _hint(v) if isinstance(v, torch.SymInt) else None
+
+    nodes = sorted({*q.inner, *e.inner, mul}, key=lambda n: _order_of(mul.graph)[n])
+    leaves = {q.boundary: "q", e.boundary: "e", **{t: tensor_key(v) for t, v in tables.items()}}
+    shape = structure_key(nodes, leaves, outside, _hint)
+    return None if shape is None else (shape, elem, int(_hint(rows)), k)
+
+
+def _verify_probes(
+    mul: fx.Node,
+    q: _Decode,
+    e: _Decode,
+    elem: str,
+    rows: Any,
+    k: int,
+    graph: fx.Graph,
+    tables: dict[fx.Node, torch.Tensor],
+) -> _Decoding | str | None:
     nrows = int(_hint(rows))
     for r in dict.fromkeys((_probe_rows(nrows, k), nrows)):
         if r * k > _FULL_EVAL_LIMIT:

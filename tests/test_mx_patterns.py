@@ -233,3 +233,41 @@ def test_decode_matvec_decomposition_is_recognized(name):
     assert not isinstance(cand, Rejection), cand
     assert cand.form.startswith("weight_only") and "matvec" in cand.form, cand.form
     assert cand.shape == (1, K, N)
+
+
+def _pow2_linears(biases: list[int]):
+    """Linears of one shape, each decoding its fp8 weight as q * 2 ** (e - bias): MX where bias is 127."""
+
+    def f(x, q, e):
+        outs = []
+        for b in biases:
+            w = (q.float().view(48, 2, 32) * 2 ** (e.float() - b)[..., None]).view(48, 64)
+            outs.append(F.linear(x, w.to(x.dtype)))
+        return outs
+
+    return f
+
+
+def test_decode_verified_once_per_structure(monkeypatch):
+    """A graph's decodes of one structure are probed once (`mx._verify`, keyed by `structure_key`); a decode that
+    differs only in a constant (a bias of 126: not e8m0) is probed apart and keeps its own verdict."""
+    probes = []
+    original = mx._verify_probes
+
+    def counted(*args, **kw):
+        probes.append(1)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(mx, "_verify_probes", counted)
+    x, q, e = mm.form_inputs("pow2_fp32_matmul", 48, 64)
+    found = {}
+    for biases in ([127, 127, 127, 126], [126]):
+        probes.clear()
+        f = _pow2_linears(biases)
+        decisions = apply_pass(mm.trace(f, x, q, e), families=["mx"])
+        found[len(biases)] = (len(probes), sorted((d.lowered, d.reason or "") for d in decisions))
+    probed, rows = found[4]
+    assert probed == 2, rows
+    assert [lowered for lowered, _ in rows].count(True) == 3, rows
+    assert found[1] == (1, [(False, found[1][1][0][1])]) and "scale" in found[1][1][0][1], found[1]
+    assert [r for lowered, r in rows if not lowered] == [found[1][1][0][1]], (rows, found[1])
