@@ -111,7 +111,9 @@ def _copy_branches(graph: fx.Graph, nodes: Sequence[fx.Node]) -> None:
 def _copy_module(branch: fx.GraphModule) -> fx.GraphModule:
     """A copy of a branch graph and of the branch graphs it holds (a cond tree), nodes' meta shallow-copied."""
     g = fx.Graph()
-    g.output(g.graph_copy(branch.graph, {}))
+    out = g.output(g.graph_copy(branch.graph, {}))
+    original = next(n for n in reversed(branch.graph.nodes) if n.op == "output")
+    out.meta = dict(original.meta)  # graph_copy leaves the output node (and its meta) out
     dup = fx.GraphModule(branch, g)
     dup.meta.update(branch.meta)
     for node in g.nodes:
