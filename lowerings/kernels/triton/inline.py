@@ -5,8 +5,8 @@ qlower's pass runs after functionalization, so a triton_op node emitted as-is wo
 FunctionalTensorMode yields the `triton_kernel_wrapper_functional` nodes (plus the allocations and the
 SymInt arithmetic of the grid) that Inductor compiles itself; they are copied in before the anchor node.
 
-Tracing costs about 0.3 s per linear (make_fx + functionalization of every launch; `scripts/bench_model.py`'s
-"compile s" shows it per model). Linears of one shape trace alike: a caller that passes a `key` (the op and its
+Tracing (make_fx + functionalization of every launch) is most of a Triton linear's emission time (BENCHMARKS.md,
+"compile seconds"). Linears of one shape trace alike: a caller that passes a `key` (the op and its
 non-tensor arguments) gets one trace per (key, input sizes, strides, dtypes) per graph, copied again for each
 linear with fresh fake values (`_refresh_fakes`), so no two nodes share a fake tensor (Inductor's reinplacing
 reads aliasing from them). The cache lives on the graph: a new compile, preference or device starts empty.
