@@ -1,11 +1,15 @@
 """Linears of one shape are traced once per graph (`lowerings/kernels/triton/inline.emit_traced`'s key): the
-copies get launches, branch graphs and fake values of their own. On CPU: the structure of the emitted graph
-(its numbers on the GPU: tests/test_dynamic_m_gpu.py's multi-linear models)."""
+copies get launches, branch graphs and fake values of their own. On CPU, for each Triton emitter (woq int8,
+dynamic int8, MX): the structure of the emitted graph (its numbers on the GPU: tests/test_dynamic_m_gpu.py's
+multi-linear models)."""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
+import dynamic_int8_forms as dyn
+import mx_models
 import pytest
 import torch
 from torch import nn
@@ -17,20 +21,45 @@ from qlower.patterns import FAMILIES
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
+def _woq(k: int, n: int, seed: int) -> nn.Module:
+    return WoqLinear(k, n, torch.bfloat16)
+
+
+def _dyn(k: int, n: int, seed: int) -> nn.Module:
+    return dyn.IntMMDivide(k, n, seed=seed)
+
+
+def _mx(k: int, n: int, seed: int) -> nn.Module:
+    return mx_models.MXLinear(None, "e2m1", n, k, seed=seed)
+
+
+def _emitter(family: str) -> Callable:
+    from qlower.lowerings.emit import triton_int8, triton_mx
+
+    return {
+        "woq_int8": triton_int8.emit_woq_int8,
+        "dynamic_int8": triton_int8.emit_dynamic_int8,
+        "mx": triton_mx.emit_mx_triton,
+    }[family]
+
+
+FAMILY_MODELS = {"woq_int8": _woq, "dynamic_int8": _dyn, "mx": _mx}
+
+
 class _Stack(nn.Module):
     """Linears of the given (in, out) shapes (one in), each on the same input (independent records)."""
 
-    def __init__(self, shapes: list[tuple[int, int]]) -> None:
+    def __init__(self, family: str, shapes: list[tuple[int, int]]) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(WoqLinear(k, n, torch.bfloat16) for k, n in shapes)
+        make = FAMILY_MODELS[family]
+        self.layers = nn.ModuleList(make(k, n, i) for i, (k, n) in enumerate(shapes))
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return [layer(x) for layer in self.layers]
 
 
-def _emit(shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphModule, int]:
-    """The graph with every woq linear emitted as Triton launches (symbolic M), and how many traces ran."""
-    from qlower.lowerings.emit import triton_int8 as lowering
+def _emit(family: str, shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphModule, int]:
+    """The graph with every linear of `family` emitted as Triton launches (symbolic M), and how many traces ran."""
     from qlower.lowerings.kernels.triton import inline
 
     traces = [0]
@@ -42,13 +71,14 @@ def _emit(shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphMod
 
     monkeypatch.setattr(inline, "make_fx", counted)
     x = torch.randn(5, shapes[0][0], dtype=torch.bfloat16)  # M one size symbol: a host `torch.cond`
-    gm = testing.trace_for_inductor(_Stack(shapes), x, dynamic=True)
+    gm = testing.trace_for_inductor(_Stack(family, shapes), x, dynamic=True)
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    emit = _emitter(family)
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        records = FAMILIES["woq_int8"](gm.graph)
+        records = FAMILIES[family](gm.graph)
         assert len(records) == len(shapes)
         for rec in records:
-            rec.output.replace_all_uses_with(lowering.emit_woq_int8(gm.graph, rec))
+            rec.output.replace_all_uses_with(emit(gm.graph, rec))
         gm.graph.eliminate_dead_code()
     return gm, traces[0]
 
@@ -59,9 +89,10 @@ def _launches(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for g in graphs for n in g.nodes if n.target is hop]
 
 
-def test_linears_of_one_shape_trace_once_and_copy_apart(monkeypatch):
-    one, traces_one = _emit([(64, 96)], monkeypatch)
-    four, traces_four = _emit([(64, 96)] * 4, monkeypatch)
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_linears_of_one_shape_trace_once_and_copy_apart(family, monkeypatch):
+    one, traces_one = _emit(family, [(64, 96)], monkeypatch)
+    four, traces_four = _emit(family, [(64, 96)] * 4, monkeypatch)
     assert traces_one == traces_four == 1
     assert len(_launches(four)) == 4 * len(_launches(one)) > 0  # the branch graphs' launches too
 
@@ -77,6 +108,7 @@ def test_linears_of_one_shape_trace_once_and_copy_apart(monkeypatch):
     assert len({id(v) for v in fakes}) == len(fakes)
 
 
-def test_other_shapes_trace_again(monkeypatch):
-    _, traces = _emit([(64, 96), (64, 96), (64, 48), (64, 32)], monkeypatch)
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_other_shapes_trace_again(family, monkeypatch):
+    _, traces = _emit(family, [(64, 96), (64, 96), (64, 128), (64, 32)], monkeypatch)
     assert traces == 3
