@@ -17,7 +17,7 @@ from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish
 from qlower.patterns import mx_format as fmt
-from qlower.patterns.graph_utils import aten, prims, tensor_val
+from qlower.patterns.graph_utils import VIEW_OPS, aten, prims, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -252,9 +252,9 @@ def spec_layout_blocker(rec: QuantLinear) -> str | None:
     return None
 
 
+# What a quantize does between a copy and its data: views, casts and the scaling arithmetic.
 _VIEWS_AND_POINTWISE = {
-    aten.reshape.default,
-    aten.view.default,
+    *VIEW_OPS,
     aten.clamp_min.default,
     aten.clamp_max.default,
     aten.mul.Tensor,

@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from qlower.lowerings.emit import triton_access_cache
 from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
+from qlower.patterns.graph_utils import graph_memo
 
 
 def emit_traced(
@@ -40,7 +41,7 @@ def emit_traced(
     fake_mode = detect_fake_mode(fakes)
     if fake_mode is None:
         raise RuntimeError("qlower: no fake mode found for the inputs of a Triton lowering")
-    cache = _trace_cache(em.graph)
+    cache = graph_memo(em.graph, "traces")
     full_key = None if key is None else (key, tuple(_describe(f) for f in fakes))
     sub = cache.get(full_key) if full_key is not None else None
     reused = sub is not None
@@ -69,17 +70,6 @@ def emit_traced(
         _refresh_fakes(em.graph, new, fake_mode)
     assert isinstance(out, fx.Node)
     return out
-
-
-_CACHE_ATTR = "_qlower_traces"
-
-
-def _trace_cache(graph: fx.Graph) -> dict[Hashable, fx.GraphModule]:
-    cache = getattr(graph, _CACHE_ATTR, None)
-    if cache is None:
-        cache = {}
-        setattr(graph, _CACHE_ATTR, cache)
-    return cache
 
 
 def _describe(val: Any) -> Hashable:
