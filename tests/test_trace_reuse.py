@@ -89,21 +89,38 @@ def _launches(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for g in graphs for n in g.nodes if n.target is hop]
 
 
+def _branch_targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [
+        n.target
+        for n in gm.graph.nodes
+        if n.op == "get_attr" and isinstance(getattr(gm, n.target), torch.fx.GraphModule)
+    ]
+
+
 @pytest.mark.parametrize("family", list(FAMILY_MODELS))
-def test_linears_of_one_shape_trace_once_and_copy_apart(family, monkeypatch):
+@pytest.mark.parametrize("cpp_wrapper", [False, True])
+def test_linears_of_one_shape_trace_once_and_copy_apart(family, cpp_wrapper, monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "cpp_wrapper", cpp_wrapper)
     one, traces_one = _emit(family, [(64, 96)], monkeypatch)
     four, traces_four = _emit(family, [(64, 96)] * 4, monkeypatch)
     assert traces_one == traces_four == 1
-    assert len(_launches(four)) == 4 * len(_launches(one)) > 0  # the branch graphs' launches too
+    one_targets, targets = _branch_targets(one), _branch_targets(four)
+    assert one_targets and len(targets) == 4 * len(one_targets)  # a cond per range per linear
+    if cpp_wrapper:
+        # the C++ wrapper inlines each call: every linear has branch graphs of its own (no target shared, no
+        # module object twice), each holding its launches
+        assert len(set(targets)) == len(targets)
+        assert len({id(getattr(four, t)) for t in targets}) == len(targets)
+        assert len(_launches(four)) == 4 * len(_launches(one)) > 0
+    else:
+        # Python's wrapper lowers and defines a subgraph once per target: the four linears call the first
+        # one's branch graphs, whose launches are all the module holds
+        assert set(targets) == set(one_targets) and len(_launches(four)) == len(_launches(one)) > 0
 
-    # every linear has branch graphs of its own: no get_attr target shared, no module object twice
-    targets = [n.target for n in four.graph.nodes if n.op == "get_attr"]
-    branches = [getattr(four, t) for t in targets if isinstance(getattr(four, t), torch.fx.GraphModule)]
-    assert len(set(targets)) == len(targets) and len({id(b) for b in branches}) == len(branches)
-    assert targets and len(targets) == 4 * sum(1 for n in one.graph.nodes if n.op == "get_attr")
-
-    # and fake values of its own: two nodes sharing one fake tensor would read as aliases to Inductor's
-    # reinplacing (one more copy per launch)
+    # the main graph's nodes have fake values of their own: two nodes sharing one fake tensor would read as
+    # aliases to Inductor's reinplacing (one more copy per launch)
     fakes = [n.meta["val"] for n in four.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     assert len({id(v) for v in fakes}) == len(fakes)
 

@@ -10,6 +10,12 @@ Tracing (make_fx + functionalization of every launch) is most of a Triton linear
 non-tensor arguments) gets one trace per (key, input sizes, strides, dtypes) per graph, copied again for each
 linear with fresh fake values (`_refresh_fakes`), so no two nodes share a fake tensor (Inductor's reinplacing
 reads aliasing from them). The cache lives on the graph: a new compile, preference or device starts empty.
+
+The copies of a trace also share its branch graphs (the `torch.cond` subgraphs of a symbolic M) under Python's
+wrapper: Inductor lowers a subgraph once per get_attr target (`GraphLowering.seen_subgraphs`) and defines it
+once as a function that every `if` calls, so a decoder's linears of one shape cost one lowering and one
+codegen per M range, not one per linear (`tests/test_trace_reuse.py`). A C++ wrapper (AOTInductor,
+`cpp_wrapper`) inlines each call of a subgraph; there each copy keeps branch graphs of its own.
 """
 
 from __future__ import annotations
@@ -66,10 +72,20 @@ def emit_traced(
     for node in new:
         node.meta["qlower"] = True
     if reused:
-        _copy_branches(em.graph, new)
+        if not shares_branches():
+            _copy_branches(em.graph, new)
         _refresh_fakes(em.graph, new, fake_mode)
     assert isinstance(out, fx.Node)
     return out
+
+
+def shares_branches() -> bool:
+    """Whether copies of a trace point at its branch graphs rather than copies of them: under Python's
+    wrapper, which lifts each subgraph into one function (see the module docstring)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    return not (inductor_config.cpp_wrapper or getattr(V, "aot_compilation", False))
 
 
 def _describe(val: Any) -> Hashable:
@@ -87,8 +103,8 @@ def _describe(val: Any) -> Hashable:
 
 def _copy_branches(graph: fx.Graph, nodes: Sequence[fx.Node]) -> None:
     """Point the copied get_attr nodes at copies of their branch graphs, under names free on the module: each
-    `torch.cond` keeps branches of its own, as a fresh trace would give it (a wrapper that defines one launcher
-    per branch name never sees two)."""
+    `torch.cond` keeps branches of its own, as a fresh trace would give it (a C++ wrapper inlines every call
+    of a subgraph, `shares_branches`)."""
     gm = graph.owning_module
     for node in nodes:
         branch = getattr(gm, node.target) if node.op == "get_attr" else None
