@@ -1,8 +1,9 @@
 """The knobs of qlower's Triton kernels, for the sweeps that choose their committed tables.
 
-`scripts/tune_cuda_kernels.py --sweep` times `gemv`/`mm` configs of the int8 kernels and prints the winners that
-`WOQ_INT8_TUNED` / `DYNAMIC_INT8_TUNED` hold for the device it ran on (tables keyed by device name, each with its
-`regenerate` command); `scripts/bench_mx.py --sweep` does the same for the MX kernels (`MX_DECODE_TUNED`).
+`scripts/tune_cuda_kernels.py --sweep` times `gemv`/`mm` configs of the int8 kernels and writes the data file
+(lowerings/kernels/triton/tuned/<gpu>.json) whose winners `WOQ_INT8_TUNED` / `DYNAMIC_INT8_TUNED` hold for the
+device it ran on (tables keyed by device name, each with its `regenerate` command); `scripts/bench_mx.py
+--sweep` does the same for the MX kernels (`MX_DECODE_TUNED`).
 Importing this module imports Triton.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 from qlower.lowerings.kernels.triton import configs as _configs
 from qlower.lowerings.kernels.triton import int8_ops as _int8_ops
 from qlower.lowerings.kernels.triton import mx_ops as _mx_ops
+from qlower.lowerings.kernels.triton import tuned as _tuned
 
 # int8 kernels (woq_int8, dynamic_int8): config constructors, the tables, the rules, one-config launches
 gemv = _configs.gemv
@@ -25,9 +27,12 @@ woq_int8_config = _configs.woq_int8_config
 dynamic_int8_config = _configs.dynamic_int8_config
 WOQ_INT8_TUNED = _configs.WOQ_INT8_TUNED
 DYNAMIC_INT8_TUNED = _configs.DYNAMIC_INT8_TUNED
-WOQ_INT8_TABLE = _configs.WOQ_INT8_TABLE  # the H200 entries of the two above
+WOQ_INT8_TABLE = _configs.WOQ_INT8_TABLE  # the stand-in device's entries of the two above
 DYNAMIC_INT8_TABLE = _configs.DYNAMIC_INT8_TABLE
 dynamic_plan = _configs.dynamic_plan
+# the data files behind the tables (one per GPU): what `tune_cuda_kernels.py --sweep` writes
+tuned_document = _tuned.document
+dump_tuned = _tuned.dumps
 launch_int8_as_dynamic = _int8_ops.launch_as_dynamic
 launch_int8_config = _int8_ops.launch_config
 
@@ -57,6 +62,7 @@ __all__ = [
     "decode_dot",
     "decode_fma",
     "dynamic_int8_config",
+    "dump_tuned",
     "dynamic_plan",
     "gemv",
     "launch_int8_as_dynamic",
@@ -66,6 +72,7 @@ __all__ = [
     "mm",
     "pick_mx_config",
     "set_mx_default",
+    "tuned_document",
     "woq_int8_config",
 ]
 

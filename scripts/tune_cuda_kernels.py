@@ -3,7 +3,9 @@
     python scripts/tune_cuda_kernels.py --out DIR [--sweep] [--compiled] [--budget-s 420]
 
 --sweep     times candidate configs of each kernel per (M, K, N) on raw launches, checks each against float64,
-            and installs the winners into `configs` in-process (the committed table is this output).
+            installs the winners into `configs` in-process, and writes OUT/tuned.json: this GPU's data file
+            (lowerings/kernels/triton/tuned/<gpu>.json, its tables as they stand after the sweep, which that
+            file's `regenerate` commands reproduce).
 --compiled  side by side per grid point: bf16 F.linear, stock torch.compile of the quantized model, and the
             same model under torch.compile with qlower.inductor_options() (static M, and one dynamic-M
             compile per (K, N)); checks the generated code calls qlower's kernel.
@@ -137,7 +139,7 @@ def m_tile(m: int) -> int:
 
 def _swap_grid(bm: int) -> list[Any]:
     """Swap-AB tiles with the 2-element PTX conversion: weight rows 64 / 128, K steps 64 / 128, split-K 1 / 2 / 4,
-    3 or 4 stages (the M 32..256 sweep of BENCHMARKS.md, "CUDA (H200), woq_int8", found 3 stages and split-K
+    3 or 4 stages (the M 32..256 sweep of BENCHMARKS.md, "CUDA, woq_int8", found 3 stages and split-K
     where the table had 4 stages and none)."""
     from qlower.tuning import mm
 
@@ -399,6 +401,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def write_tuned(results: dict[str, Any], path: Path) -> None:
+    """This GPU's tuned data file: its tables after the sweep, with each swept winner's time."""
+    import dataclasses
+
+    from qlower import tuning
+
+    us = {(s["family"], (tuning.m_bucket(s["m"]), s["k"], s["n"])): round(s["best_us"], 2)
+          for s in results["sweep"] if s["best_us"] < float("inf")}  # fmt: skip
+    tables = {"woq_int8": tuning.WOQ_INT8_TUNED, "dynamic_int8": tuning.DYNAMIC_INT8_TUNED}
+    doc = tuning.tuned_document(results["env"]["gpu"], tables, dataclasses.asdict, results["env"], us)
+    path.write_text(tuning.dump_tuned(doc))
+    log(f"tuned data: {path} (replaces lowerings/kernels/triton/tuned/<gpu>.json)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks")
@@ -439,6 +455,8 @@ def main() -> None:
             compiled(results, deadline, parse_points(args.points), args.dynamic_m)
     finally:
         (out / "cuda_kernels.json").write_text(json.dumps(results, indent=1, default=str))
+        if results.get("sweep"):
+            write_tuned(results, out / "tuned.json")
         lines = [TABLE_HEAD] + [fmt_row(r) for r in results.get("compiled", [])]
         (out / "cuda_kernels.md").write_text("\n".join(lines) + "\n")
         if results.get("compiled"):

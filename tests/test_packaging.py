@@ -92,5 +92,12 @@ def test_wheel_maps_folders_into_one_package(tmp_path):
         "qlower/passes/qlower_pass.py",
         "qlower/patterns/woq_int8.py",
         "qlower/lowerings/registry.py",
+        "qlower/lowerings/kernels/csrc/woq_gemm.cpp",
     ):
         assert must in names
+    tuned = sorted(
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "lowerings/kernels/triton/tuned").glob("*.json")
+    )
+    assert tuned, "no tuned data files"
+    for path in tuned:  # the tuned config tables, read at import (lowerings/kernels/triton/tuned.py)
+        assert f"qlower/{path}" in names, path

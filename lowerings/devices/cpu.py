@@ -39,9 +39,9 @@ from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 
-# Largest M at which the packed kernel beats dequant + GEMM, per activation dtype. bf16, 1 thread, on the
-# AVX512-BF16 EPYC the CI ran on then (2026-11-30, a sweep against the float copy into a reused buffer; the
-# numbers are here, the table of that run is in git history): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
+# Largest M at which the packed kernel beats dequant + GEMM, per activation dtype. bf16, 1 thread, on an
+# AVX512-BF16 EPYC (a sweep against the float copy into a reused buffer; the numbers are here, the table
+# of that run is in BENCHMARKS.md's git history): M=8 packed 4.52 vs 6.16 ms (4096^2), 14.8 vs 20.2 ms
 # (4096->14336), 0.25 vs 0.34 ms (1024^2); M=16 packed 8.73 vs 7.42 ms, 29.4 vs 24.1 ms, 0.48 vs 0.41 ms.
 # (It was 64 while the dequant + GEMM paid ~16 ms of page faults per call at 4096^2.)
 PACKED_MAX_M = {torch.bfloat16: 8, torch.float16: 1, torch.float32: 1}
@@ -321,7 +321,7 @@ def cpu_int8_isa() -> str:
 @functools.cache
 def int_mm_takes_uint8() -> bool:
     """Whether this torch's CPU `_int_mm` accepts a uint8 activation (torch 2.13 does; 2.11 raises "expected
-    self to be int8", measured on the H200 host)."""
+    self to be int8")."""
     try:
         torch._int_mm(torch.zeros(1, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.int8))
     except RuntimeError:
@@ -335,7 +335,7 @@ def u8s8_at_m1(rec: QuantLinear) -> bool:
     On VNNI CPUs without AMX, where torch's `_int_mm` takes uint8: the form torchao itself runs there, and
     measured faster at M = 1 (0.97 vs 1.12 ms at 4096^2, the table above). The M = 1 garbage once blamed on
     s8s8 there was a stride-0 leading dimension (`inductor_fixes.dense_unit_strides`); s8s8 with dense operands
-    was exact at M = 1, 2, 3, 17 under oneDNN's AVX512_CORE_VNNI ISA cap (H200 host Xeon, torch 2.11), but
+    was exact at M = 1, 2, 3, 17 under oneDNN's AVX512_CORE_VNNI ISA cap (an AMX Xeon, torch 2.11), but
     no VNNI-only CPU has run it since, so M = 1 keeps the form that was right there.
     """
     m1 = not (is_static(rec.m) and int(rec.m) >= 2)

@@ -1,6 +1,7 @@
 """CUDA backend: every family's CUDA lowerings and the rules that say when each is correct or preferred.
 
-Never `_weight_int8pack_mm` here: on H200 it is a naive kernel, 9-770x slower than bf16 (BENCHMARKS.md).
+Never `_weight_int8pack_mm` here: on sm_90 it is a naive kernel, 9-770x slower than bf16 (BENCHMARKS.md,
+"CUDA, woq_int8", the stock column).
 - woq_int8: qlower's Triton kernel where measured faster (`prefer`: static M up to its crossover), else
   fused dequant + cuBLAS (what stock Inductor generates, so AUTO is never slower than stock).
 - dynamic_int8: the Triton int8 kernel where measured faster, cuBLASLt `_int_mm` (M padded to 17), emulation.
@@ -157,7 +158,7 @@ def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
     the op launches, per M bucket, the kernel a static M there gets, and (woq-int8) hands M above the crossover
     to dequant + cuBLAS itself (`int8_ops._run`, `emit.triton_int8._dense_above`)."""
     if is_static(rec.m) and max_m is not None and int(rec.m) > max_m:
-        return f"M={int(rec.m)} > {max_m}: measured slower than {other} on H200"
+        return f"M={int(rec.m)} > {max_m}: measured slower than {other} on sm_90"
     return None
 
 
@@ -255,8 +256,8 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     """AUTO: not where the tile kernel measured slower than the emulation by far.
 
     Weight-only MX at a static M above the decode kernels' range: the tile kernel ran 0.16-0.43x bf16 at
-    M=128-4096 on the H200 (2026-11-30, BENCHMARKS.md), the emulation (dequantize once, bf16 matmul) 0.85-0.93x
-    of bf16 at M=4096. A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
+    M=128-4096 on sm_90, the emulation (dequantize once, bf16 matmul) 0.85-0.93x of bf16 at M=4096 (BENCHMARKS.md,
+    "CUDA, mx"). A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
     MXFP4 weights with bf16 x keep it at every M: its `mx_bf16` kernels (mx_ops.pick_weight_only's table).
     """
     from qlower.lowerings.kernels.triton.mx_ops import (  # no Triton import: mx_ops imports it, so read them lazily
@@ -272,13 +273,13 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
         if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
             return (
                 f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "
-                "bf16 (M=128-4096) on H200, below the emulation; ask for KernelPreference.TRITON to use it anyway"
+                "bf16 (M=128-4096) on sm_90, below the emulation; ask for KernelPreference.TRITON to use it anyway"
             )
         return None
     if not is_static(rec.m) or int(rec.m) > GEMV_MAX_M:
         return (
             f"dynamic-activation MX with M={rec.m} > {GEMV_MAX_M} would run the fp8 tile kernel, measured at "
-            "0.15x bf16 (M=4096) and 0.33x (M=128) on H200; ask for KernelPreference.TRITON to use it anyway"
+            "0.15x bf16 (M=4096) and 0.33x (M=128) on sm_90; ask for KernelPreference.TRITON to use it anyway"
         )
     return None
 

@@ -217,7 +217,7 @@ def host_branches(rec: QuantLinear) -> bool:
     sets) the gated form stays: a captured graph replays only the launch that ran. So does an M that is not
     one size symbol (a flattened [B, T, K] activation: M = B * T): a branch graph sees only its operands,
     whose sizes then do not define B and T (Inductor: "For 3*s77, expected [s77] to have been codegen-ed";
-    tests/test_epilogue_forms.py's dynamic CUDA forms on the H200)."""
+    tests/test_epilogue_forms.py's dynamic CUDA forms on sm_90)."""
     from torch._inductor import config as inductor_config
 
     if is_static(rec.m) or inductor_config.triton.cudagraphs:

@@ -47,7 +47,7 @@ def dense_unit_strides(x):
 
     Inductor views a [1, 1, K] buffer as [1, K] with strides (0, 1). The memory it names is the same for any
     stride of a size-1 dim, but oneDNN takes that stride as the leading dimension: `_int_mm` read garbage
-    there on the AVX512 Xeon of the H200 host (torch 2.11; rel err ~1e4 on torchao dynamic int8 at x
+    there on an AVX512 Xeon (torch 2.11; rel err ~1e4 on torchao dynamic int8 at x
     [1, 1, K]; tests/test_torchao_dynamic_int8.py::test_int_mm_operands_have_dense_leading_dims). A new view
     of the same storage (never a copy) with leading dimension K is what a dense [1, K] tensor has.
     """

@@ -752,8 +752,8 @@ void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& o
 enum class Path : int { Auto = 0, Direct = 1, Chunked = 2 };
 constexpr const char* kPathNames[] = {"auto", "direct", "chunked"};
 
-// auto takes the chunked path from this M on, for bf16 x where oneDNN's bf16 GEMM runs on AMX. Measured on the
-// H200 host's Xeon (AMX, 2 threads; BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"): at M = 128 / 1024
+// auto takes the chunked path from this M on, for bf16 x where oneDNN's bf16 GEMM runs on AMX. Measured on an
+// AMX Xeon (2 threads; BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"): at M = 128 / 1024
 // the chunked path was 0.63x / 0.94x of bf16 F.linear against the direct path's 0.20x / 0.17x (4096^2), at
 // M = 16 the two tied (0.42-0.53x). With oneDNN capped at AVX512_CORE_BF16 (no AMX, as on an AVX512-BF16 EPYC)
 // the chunked path lost to the direct one at M = 16 and 128 (0.76x vs 1.06x, 0.83x vs 0.92x of bf16 F.linear)

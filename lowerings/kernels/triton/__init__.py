@@ -1,8 +1,9 @@
 """qlower's own Triton kernels for CUDA (woq-int8, dynamic-int8), and the lowerings that emit them.
 
 Triton is optional: importing this package imports no Triton. `triton_unavailable()` says why the kernels
-cannot be used in this process (None when they can); the kernels and their `triton_op`s live in `ops`, which
-is imported only when a lowering emits.
+cannot be used in this process (None when they can). The kernels live in int8_kernels.py, int8_hopper.py,
+woq_decode.py, woq_limbs.py, splitk.py and the mx_*.py modules; their `triton_op`s and launchers in int8_ops.py
+and mx_ops.py, imported only when a lowering emits (configs.py and tuned.py, the tuned tables, import no Triton).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def interpreted() -> bool:
 def one_line(ptx: str) -> str:
     """PTX for `tl.inline_asm_elementwise` on one line: Inductor copies the constexpr globals a user kernel
     reads into its generated module as one-line string literals, and a newline in one is a syntax error
-    there (seen on the H200, torch 2.11)."""
+    there (seen with torch 2.11)."""
     return " ".join(ptx.split())
 
 

@@ -1,18 +1,20 @@
 """Launch configurations per (M bucket, K, N), and where qlower's kernels stop winning.
 
 Pure Python (no Triton import), so `supports` can read the crossovers on machines without Triton. The tables
-(`WOQ_INT8_TUNED`, `DYNAMIC_INT8_TUNED`: data keyed by device name, tuned.py) hold what each device's sweep
-measured fastest, with the command that regenerates them; shapes and devices they do not cover fall back to
-per-bucket rules. M is bucketed to the next power of two: configs are chosen at compile time for a static M;
-a symbolic M gets `dynamic_plan`, one launch per M range with its grid gated by M, so each M runs the kernel a
-static M there would.
+(`WOQ_INT8_TUNED`, `DYNAMIC_INT8_TUNED`) are data: one file per GPU under tuned/ (loaded by tuned.py), holding
+what that device's sweep measured fastest and the command that regenerates them; shapes and devices they do not
+cover fall back to per-bucket rules. M is bucketed to the next power of two: configs are chosen at compile time
+for a static M; a symbolic M gets `dynamic_plan`, one launch per M range with its grid gated by M, so each M runs
+the kernel a static M there would.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
+from qlower.lowerings.kernels.triton.tuned import STAND_IN, TunedTable
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class KernelConfig:
     swap_ab: bool = False
     # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
     # bf16/fp16 on 4 (2) or 2 (3: swap-AB wgmma) elements per asm call (`mm` on CUDA; 1 elsewhere, see
-    # ops._conversion_here)
+    # int8_ops._conversion_here)
     fast_cvt: int = 1
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
     cvt: int = 1  # "decode": int8 -> fp32 by the magic number (1) or inline PTX (2); 3: the dot path to bf16
@@ -91,7 +93,7 @@ def tma(
     group_m: int = 8,
 ) -> KernelConfig:
     """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
-    is refused: on the H200 it lost to the pointer tile at every swept point and was removed); the launcher
+    is refused: on sm_90 it lost to the pointer tile at every swept point and was removed); the launcher
     falls back to `mm` where TMA's alignment rules do not hold."""
     return KernelConfig(
         "tma",
@@ -111,7 +113,7 @@ def decode_fma(
     bm: int, bn: int, bk: int, warps: int = 4, stages: int = 1, *, cvt: int = 2, acc3: bool = False
 ) -> KernelConfig:
     """`woq_decode_kernel` on CUDA cores (woq_decode.py): a weight tile converted once for all BM <= 4 rows.
-    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see ops._launch."""
+    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see int8_ops._launch."""
     return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, cvt=cvt, acc3=acc3)
 
 
@@ -125,28 +127,20 @@ def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelC
     return KernelConfig("limbs", bm, bn, bk, warps, stages)
 
 
-# Where the numbers below come from: the compiled woq_int8 rows are in BENCHMARKS.md, "CUDA (H200),
-# woq_int8"; the kernel sweeps behind each config (H200, torch 2.11, Triton 3.6, 2026-11-30), their scripts
-# and raw output are at git tag lab-archive, written up in `git show lab-archive:BENCHMARKS.md` (the
-# sections quoted below as "lab-archive BENCHMARKS.md").
-
-# The M = 1 "decode" winners of the woq M = 1 kernel sweeps (names as `KernelConfig.__str__` prints them)
+# The named configs below are the winners the tuned tables (tuned/*.json) pick most, and what the rules give off
+# the tables (names as `KernelConfig.__str__` prints them). M = 1, "decode": the FMA tile, 16 columns where
+# N > K; where K >= N, 4 rows on 2 warps with a 2-D accumulator (1024 programs at N = 4096).
 DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
-# 4 rows on 2 warps per program (1024 programs at N = 4096), in two runs side by side with the 8-row tile, won
-# both K >= N shapes: 6.92 / 7.00 vs 7.22 / 7.35 us at 4096^2 and 17.50 / 17.58 vs 17.81 / 17.93 us at
-# 14336->4096 (lab-archive BENCHMARKS.md, "woq-int8 at M=1: 4-row tiles on 2 warps")
 DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
-# With int8 -> bf16 by inline PTX (fast=2), the plain 16-row tile (weight as the MMA's B operand, mma.sync)
-# beat the swap-AB decode kernel at every M <= 16 point: 32 columns where K >= N, 64 where N > K (lab-archive
-# BENCHMARKS.md, "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)" and the compiled table after it)
+# M 2..16: the plain 16-row tile with int8 -> bf16 by inline PTX (fast=2), weight as the MMA's B operand
+# (mma.sync): 32 columns where K >= N, 64 where N > K. At M = 2 the FMA decode tile on 2 rows.
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
-DECODE_FMA_2ROWS_LONG_K = decode_fma(2, 8, 1024, warps=2)  # M = 2, K >= N (the 2026-12-01 sweep below)
+DECODE_FMA_2ROWS_LONG_K = decode_fma(2, 8, 1024, warps=2)  # M = 2, K >= N
 DECODE_FMA_2ROWS_WIDE = decode_fma(2, 16, 512)  # M = 2, N > K
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
-# woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; lab-archive
-# BENCHMARKS.md, "woq-int8 with TMA-fed operands"); falls back to WOQ_TMA_FALLBACK where TMA cannot serve
-# (ops._tma_unsupported)
+# woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; 2 programs
+# per SM); falls back to WOQ_TMA_FALLBACK where TMA cannot serve (int8_ops._tma_unsupported)
 WOQ_TMA = tma(128, 128, 64, 4, 4, progs_per_sm=2, fast=2)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -160,137 +154,44 @@ def m_bucket(m: int) -> int:
     return M_BUCKETS[-1]
 
 
-# Measured winners on H200 (torch 2.11, Triton 3.6, bf16, 8 rotating weight sets, CUDA-graph replay; 2026-11-30
-# sweeps: `scripts/tune_cuda_kernels.py --sweep`, plus the woq M = 1 "decode" and M 4..4096 kernel sweeps
-# kept at git tag lab-archive). Key: (M bucket, K, N); comment: kernel time in us, "was" the entry before,
-# timed in the same run.
-_H200_WOQ_INT8: dict[tuple[int, int, int], KernelConfig] = {
-    (1, 4096, 4096): DECODE_FMA_LONG_K,  # 6.92 (fma 1x8x1024 w4 acc3: 7.22, gemv(1, 8, 1024): 8.8; bf16 13.6)
-    # M 4..64 ("PTX" entries, fast=2): the int8 -> bf16 conversion by inline PTX (lab-archive BENCHMARKS.md,
-    # "The conversion (`kernels._int8_to`, `FAST_CVT` 2 and 3)"; "was": the entry before, same run)
-    (4, 4096, 4096): MM16_NARROW_PTX,  # 9.92 (was decode_dot(16, 32, 256): 10.93; bf16 13.4)
-    (16, 4096, 4096): MM16_NARROW_PTX,  # 9.78 (was decode_dot(16, 32, 256): 10.68; bf16 13.5)
-    (64, 4096, 4096): mm(32, 64, 256, 4, 4, fast=2),  # 16.24 (was the same tile swap-AB: 17.52; bf16 12.0)
-    # M 128 / 256: a sweep of 13 configs per point incl. split-K (lab-archive BENCHMARKS.md, "woq-int8 at
-    # M = 64..256: the crossover moved from 64 to 256"); the later PTX sweep moved them to swap-AB with the
-    # 2-element PTX conversion (fast=3). Still below bf16 F.linear (13.5 / 16.5 us), above dequant + mm
-    # (26.5 / 28.7 us)
-    (128, 4096, 4096): mm(
-        64, 64, 128, 4, 4, swap=True, fast=3
-    ),  # 18.4 (was mm(64, 64, 256, 4, 4, swap=True): 20.7)
-    (256, 4096, 4096): mm(
-        128, 64, 128, 4, 4, swap=True, fast=3
-    ),  # 24.3 (was the same tile through fp32: 27.3)
-    # M >= 1024 (served under an explicit TRITON preference; AUTO uses dequant + cuBLAS there) and M=256 at
-    # N=14336: TMA-fed operands, 2 programs per SM (lab-archive BENCHMARKS.md, "woq-int8 with TMA-fed
-    # operands"; "was": the entry before, same run)
-    (1024, 4096, 4096): WOQ_TMA,  # 64.1 (was mm(128, 128, 64, 4, 3, fast=2): 69.5; bf16 46.0)
-    (4096, 4096, 4096): WOQ_TMA,  # 237.3 (was mm(128, 128, 64, 4, 3, fast=2): 265.1; bf16 170.7)
-    (1, 4096, 14336): DECODE_FMA_WIDE,  # 16.61 (was mm(16, 128, 256, 4, 4): 23.7; bf16 30.5)
-    # M 4 / 16, 4096->14336: the int8-limb kernel (woq_limbs.py) held M=4 until the PTX tile beat it
-    (4, 4096, 14336): MM16_WIDE_PTX,  # 20.58 (was limbs(16, 64, 256, 4, 4): 25.55; bf16 30.5)
-    (16, 4096, 14336): MM16_WIDE_PTX,  # 20.42 (was the same tile through fp32: 22.82; bf16 30.8)
-    (64, 4096, 14336): mm(
-        64, 64, 128, 4, 4, swap=True, fast=3
-    ),  # 30.3 (was the same tile through fp32: 31.1)
-    # M >= 128, N = 14336: PTX entries of the PTX sweep ("was" timed in it); the TMA entries as above
-    # M=128: the faster 128x128x64 w8 swap tile (41.7 us) gave wrong rows at M > 128 and is refused (ops._launch)
-    (128, 4096, 14336): mm(128, 64, 128, 4, 3, swap=True, fast=3),  # 38.3 (the same tile at s4: 47.9)
-    (256, 4096, 14336): WOQ_TMA,  # 64.8 (was mm(128, 128, 64, 4, 4, fast=2): 70.5; bf16 42.9)
-    (1024, 4096, 14336): WOQ_TMA,  # 242.7 (was mm(128, 128, 64, 4, 4, fast=2): 280.9; bf16 150.5)
-    (
-        4096,
-        4096,
-        14336,
-    ): WOQ_TMA,  # 858.6 / 889.0 in two runs (was mm(128, 128, 64, 4, 4, fast=2): 1010.5 / 973.8)
-    (
-        1,
-        14336,
-        4096,
-    ): DECODE_FMA_LONG_K,  # 17.50 (fma 1x8x1024 w4 acc3: 17.81; gemv(1, 8, 1024): 22.1; bf16 31.6)
-    # M 4 / 16, 14336->4096: a 2-way K split (fp32 atomics into a zeroed buffer, then a cast) won the second
-    # PTX sweep. (woq_decode's "sem" split, faster in the earlier decode-kernel sweep, needs a persistent
-    # zeroed counter buffer, which a functional op cannot keep.)
-    (4, 14336, 4096): mm(16, 64, 256, 4, 4, split_k=2, fast=2),  # 25.96 (MM16_NARROW_PTX: 28.59; bf16 32.4)
-    (16, 14336, 4096): mm(16, 32, 256, 4, 4, split_k=2, fast=2),  # 24.08 (MM16_NARROW_PTX: 25.98; bf16 32.9)
-    # M 2..16 on the shapes of the whole-decoder benchmark (fused qkv 4096->6144, gate/up 4096->28672) and M = 2
-    # everywhere: kernel sweep of 2026-12-01 (eager launches, 8 rotating weight sets, CUDA-graph replays;
-    # `python scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --sweep-m 2,4,8,16 --sweep-kn
-    # 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`). At M = 2 the FMA decode tile on 2 rows beat the
-    # 16-row MMA tile (7 of 16 rows padding); at N = 6144 and 28672 the 32-column tile beat the 64-column rule.
-    (2, 4096, 4096): DECODE_FMA_2ROWS_LONG_K,  # 10.70 (MM16_NARROW_PTX 11.32)
-    (2, 14336, 4096): DECODE_FMA_2ROWS_LONG_K,  # 30.43 (MM16_NARROW_PTX 32.80)
-    (2, 4096, 6144): DECODE_FMA_2ROWS_WIDE,  # 13.23 (MM16_WIDE_PTX 14.95)
-    (2, 4096, 28672): DECODE_FMA_2ROWS_WIDE,  # 40.05 (MM16_WIDE_PTX 44.59)
-    (4, 4096, 6144): MM16_NARROW_PTX,  # 14.22 (MM16_WIDE_PTX 14.86)
-    (8, 4096, 6144): MM16_NARROW_PTX,  # 13.85 (MM16_WIDE_PTX 14.86)
-    (16, 4096, 6144): MM16_NARROW_PTX,  # 13.77 (MM16_WIDE_PTX 14.96)
-    (4, 4096, 28672): MM16_NARROW_PTX,  # 43.04 (MM16_WIDE_PTX 43.79)
-    (8, 4096, 28672): MM16_NARROW_PTX,  # 36.45 (MM16_WIDE_PTX 43.80)
-    (16, 4096, 28672): MM16_NARROW_PTX,  # 36.52 (MM16_WIDE_PTX 43.94)
-    # M = 64 at the decoder's fused shapes: sweep of 2026-12-02 (`python scripts/tune_cuda_kernels.py --sweep
-    # --sweep-families woq_int8 --sweep-m 64 --sweep-kn 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`;
-    # "was": the rule's pick, same run; bf16 F.linear timed alongside). The other three shapes kept their
-    # entries or rule (4096^2 16.7, bf16 11.7; 14336->4096 47.3, split-K 2 47.1, bf16 36.0: below bf16).
-    # 19.1 us (was mm(32, 64, 256, fast=2) 24.9; bf16 16.3)
-    (64, 4096, 6144): mm(64, 64, 128, 4, 4, swap=True, fast=3),
-    # 55.1 us (was mm(64, 64, 128, swap=True, fast=3) 58.0; bf16 61.0)
-    (64, 4096, 28672): mm(64, 128, 64, 4, 4, fast=2),
-    # M 32..256 at the five decoder shapes, 3 stages and split-K on the swap-AB tile (`python
-    # scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --sweep-m 32,64,128,256 --sweep-kn
-    # 4096x4096,4096x14336,14336x4096,4096x6144,4096x28672`; BENCHMARKS.md, "CUDA (H200), woq_int8"). us; "was":
-    # the config before, same run. Points whose winner the rules below now give have no entry.
-    (32, 4096, 14336): mm(32, 64, 256, 4, 4, fast=2),  # 25.5 (was swap 64x64x128 s4: 31.0)
-    (32, 4096, 28672): mm(32, 128, 128, 4, 4, fast=2),  # 45.0 (was swap 64x64x128 s4: 57.6)
-    (128, 4096, 28672): WOQ_TMA,  # 68.0 (was swap 128x64x128 s4: 91.0)
-}
-# The TMA sweep on the H200 (2026-11-30; lab-archive BENCHMARKS.md, "CUDA (H200): dynamic_int8, the TMA
-# kernel"; script and raw output at that tag): of 16 TMA variants, 128x128x128, 4 warps, 3 stages,
-# 2 persistent programs per SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a
-# two-half TMA store won at M >= 1024 (1223-1407 TOP/s; 128x256 tiles 1263-1290). At M=256 it lost to `mm`
-# (32.8 vs 31.5 us), so buckets <= 512 keep `mm`.
+# dynamic-int8 at M >= 1024 on sm_90: the persistent TMA kernel, 128x128x128, 4 warps, 3 stages, 2 programs per
+# SM (one's epilogue under the other's main loop), Triton-flattened tile loop and a two-half TMA store; buckets
+# <= 512 keep `mm` (BENCHMARKS.md, "CUDA, dynamic_int8").
 TMA_LARGE_M = tma(128, 128, 128, 4, 3, progs_per_sm=2)
 TMA_MIN_BUCKET = 1024
-_H200_DYNAMIC_INT8: dict[tuple[int, int, int], KernelConfig] = {
-    (1, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 9.2
-    (4, 4096, 4096): mm(16, 64, 512, 4, 4, swap=True),  # 8.1
-    (16, 4096, 4096): mm(16, 32, 512, 4, 4, swap=True),  # 8.3
-    (64, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.1
-    # M=128: 2026-11-30 sweep (tune_cuda_kernels.py --sweep --sweep-m 128); before it the bucket fell
-    # to the M <= 256 rule's 128x128 tiles: 32 programs at N=4096 on 132 SMs, 24.5 us compiled (0.55x bf16).
-    (128, 4096, 4096): mm(64, 64, 256, 4, 4, swap=True),  # 10.2 (the rule's 128x128x128: 22.8)
-    (256, 4096, 4096): mm(64, 128, 128, 4, 4),  # 15.3
-    (1024, 4096, 4096): TMA_LARGE_M,  # mm(128, 256, 128, 8, 3): 34.4
-    (4096, 4096, 4096): TMA_LARGE_M,  # 99.5 (mm(128, 256, 128, 8, 3): 130.9-132.0)
-    (1, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 19.4
-    (4, 4096, 14336): mm(16, 128, 256, 4, 4, swap=True),  # 17.9
-    (16, 4096, 14336): mm(16, 64, 256, 4, 4, swap=True),  # 17.4
-    (64, 4096, 14336): mm(64, 128, 256, 4, 4, swap=True),  # 18.7
-    (128, 4096, 14336): mm(64, 128, 128, 4, 4),  # 21.8 (the rule's 128x128x128: 27.5)
-    (256, 4096, 14336): mm(128, 128, 128, 8, 3),  # 30.7
-    (1024, 4096, 14336): TMA_LARGE_M,  # 98.3 (mm(128, 256, 128, 8, 4): 128.7-133.6)
-    (4096, 4096, 14336): TMA_LARGE_M,  # 342.0 (mm(128, 256, 128, 8, 4): 442.7-442.8)
-}
 
-# Regenerate: each command prints the measured winners as table entries (`TABLE (family, m, k, n): config`).
-WOQ_INT8_TUNED = TunedTable(
-    "woq_int8",
-    "python scripts/tune_cuda_kernels.py --sweep --sweep-families woq_int8 --out <scratch>",
-    {H200: _H200_WOQ_INT8},
-)
-DYNAMIC_INT8_TUNED = TunedTable(
-    "dynamic_int8",
-    "python scripts/tune_cuda_kernels.py --sweep --sweep-families dynamic_int8 --out <scratch>",
-    {H200: _H200_DYNAMIC_INT8},
-)
-WOQ_INT8_TABLE = _H200_WOQ_INT8  # the H200 tables by their old names (qlower.tuning, tests)
-DYNAMIC_INT8_TABLE = _H200_DYNAMIC_INT8
+_FIELDS = {f.name: f.type for f in dataclasses.fields(KernelConfig)}
+KERNELS = ("gemv", "mm", "tma", "decode", "limbs")
+
+
+def config_from_fields(fields: dict[str, Any]) -> KernelConfig:
+    """A data file's config (KernelConfig's fields by name; defaults for those left out), checked."""
+    unknown = set(fields) - set(_FIELDS)
+    if unknown:
+        raise ValueError(f"tuned config {fields}: unknown fields {sorted(unknown)}")
+    if fields.get("kernel") not in KERNELS:
+        raise ValueError(f"tuned config {fields}: kernel must be one of {KERNELS}")
+    for name, value in fields.items():
+        if name != "kernel" and type(value) is not (bool if _FIELDS[name] == "bool" else int):
+            raise ValueError(f"tuned config {fields}: {name} = {value!r} is not {_FIELDS[name]}")
+    return KernelConfig(**fields)
+
+
+# Key: (M bucket, K, N). Regenerate: the `regenerate` command of each table (its `--out` folder then holds the
+# data file to replace the device's, and its output prints each winner as `TABLE (family, m, k, n): config`).
+# A split-K entry accumulates in fp32 by atomics into a zeroed buffer, then casts (woq_decode's semaphore split
+# would need a persistent zeroed counter buffer, which a functional op cannot keep).
+WOQ_INT8_TUNED = TunedTable.from_files("woq_int8", config_from_fields)
+DYNAMIC_INT8_TUNED = TunedTable.from_files("dynamic_int8", config_from_fields)
+# The stand-in device's tables by their old names (qlower.tuning, tests): the dicts the tables answer from.
+WOQ_INT8_TABLE = WOQ_INT8_TUNED.writable(STAND_IN)
+DYNAMIC_INT8_TABLE = DYNAMIC_INT8_TUNED.writable(STAND_IN)
 
 
 def _woq_decode_rule(bucket: int, k: int, n: int) -> KernelConfig | None:
     """Static M <= 16 off the table: the M = 1 FMA kernel or the 16-row tile that won the sweeps (None: M > 16).
 
-    M = 1: 1x4x1024 acc3 on 2 warps (replacing 1x8x1024 on 4 warps) won both measured shapes with
+    M = 1: 1x4x1024 acc3 on 2 warps (over 1x8x1024 on 4 warps) won both measured shapes with
     K >= N (4096->4096, 14336->4096), 1x16x512 the one with N > K (4096->14336). With N not larger than K,
     narrow tiles give many programs (1024 at N = 4096 on 132 SMs, vs 256 for 16 rows) and each walks a long
     K, where the 2-D accumulator (one reduction at the end instead of one per step) pays off; with N = 14336
@@ -391,8 +292,8 @@ def dynamic_plan(
     outside CUDA graphs: a bucket the device's `table` did not measure takes the next measured bucket's config
     (where any bucket of this (K, N) was measured), and consecutive buckets with one config merge. M = 1 is
     the exception: it always gets the static M = 1 config, never a larger bucket's (the one-row decode tile
-    beat the two-row one at M = 1 on four shapes: BENCHMARKS.md, "Whole decoder, CUDA (H200): changing batch
-    under CUDA graphs"). Split-K configs stay split: the launcher gives a gated split-K range an accumulator
+    beat the two-row one at M = 1 on four shapes: BENCHMARKS.md, "Whole decoder, CUDA: changing batch under
+    CUDA graphs"). Split-K configs stay split: the launcher gives a gated split-K range an accumulator
     and a cast of its own (`int8_ops._launch_all`)."""
     tops = [min(b, max_m) if max_m is not None else b for b in M_BUCKETS]
     tops = sorted(set(tops))
@@ -412,16 +313,14 @@ def dynamic_plan(
 
 
 # Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
-# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on H200: a kernel sweep
-# (lab-archive BENCHMARKS.md, "woq-int8 at M = 64..256: the crossover moved from 64 to 256") timed the
-# Triton kernel against dequant + cuBLAS side by side at M = 64, 128 and 256 on 4096->4096 and 4096->14336,
-# and it won all six (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16
-# F.linear there). At M=1024 it lost (77.9 vs 57.8 us on 4096->4096; the mixed-dtype tensor-core loop reaches
-# ~450 TFLOP/s, cuBLAS bf16 ~800), and at M=4096 (302 vs 195 us; 4096->14336 1096 vs 649 us). M=512 was not
-# measured, so the limit is the last measured win. The PTX tiles narrowed the gap but still lose there
-# (M=1024 4096^2: 67.7 vs 57.9 us; M=4096: 266 vs 189 us; AUTO's compiled rows: BENCHMARKS.md, "CUDA (H200),
-# woq_int8"). dynamic-int8: qlower's int8 tensor-core kernels beat cuBLASLt `_int_mm` (M=4096,
-# 4096->14336: 342 vs 544.8 us kernel alone, 1407 vs ~880 TOP/s; BENCHMARKS.md, "CUDA (H200), dynamic_int8")
-# and the emulated path everywhere measured.
+# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on sm_90: timed side by side
+# with dequant + cuBLAS at M = 64, 128 and 256 on 4096->4096 and 4096->14336, the Triton kernel won all six
+# (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16 F.linear there). At M = 1024 it lost (77.9 vs 57.8 us on
+# 4096->4096; the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800), and at M = 4096 (302 vs
+# 195 us; 4096->14336 1096 vs 649 us). M = 512 was not measured, so the limit is the last measured win. The PTX
+# tiles narrow the gap but still lose there (M = 1024 4096^2: 67.7 vs 57.9 us; M = 4096: 266 vs 189 us). AUTO's
+# compiled rows: BENCHMARKS.md, "CUDA, woq_int8". dynamic-int8: qlower's int8 tensor-core kernels beat cuBLASLt
+# `_int_mm` (M = 4096, 4096->14336: 342 vs 544.8 us kernel alone, 1407 vs ~880 TOP/s) and the emulated path
+# everywhere measured (BENCHMARKS.md, "CUDA, dynamic_int8").
 WOQ_INT8_MAX_M: int | None = 256
 DYNAMIC_INT8_MAX_M: int | None = None

@@ -4,7 +4,7 @@ without MX tensor cores: `mx_bf16_mm_kernel` (tensor-core tiles, optional split-
 
 Why: the CVT decode of `mx_decode` goes through the hardware fp8 converts (e2m1 -> e4m3 -> f16 -> f32, then
 times the scale and back to bf16): two convert instructions per element, and the convert units (16 per SM per
-clock) bound it (MXFP4 M = 16 4096->14336: 46 us against bf16's 33 us on the H200). Here an element costs
+clock) bound it (MXFP4 M = 16 4096->14336: 46 us against bf16's 33 us on sm_90). Here an element costs
 integer ops and one bf16x2 FMA, and lands in a bf16 dot operand as the user's dequantize-then-cast computes it
 (`_bf16_pairs_ptx`).
 

@@ -1,6 +1,6 @@
-"""Decode-size (M <= 16) weight-only int8 kernel. `ops.woq_int8_linear` launches `woq_decode_kernel` where
-`configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config. (Its split-K forms and their eager launcher,
-which the M <= 16 kernel sweeps timed and no config picked, are in git tag lab-archive.)
+"""Decode-size (M <= 16) weight-only int8 kernel. `int8_ops.woq_int8_linear` launches `woq_decode_kernel` where
+`configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config. (The M <= 16 kernel sweeps also timed split-K
+forms of it; no config picked them, so they are not kept.)
 
 At decode sizes a woq-int8 linear is one pass over the int8 weight, so the kernel must keep enough bytes in
 flight per SM to run near HBM bandwidth, spend few instructions per weight byte, and leave no half-empty
@@ -67,7 +67,7 @@ def _w_f32(w, CVT: tl.constexpr):
 @triton.jit
 def _w_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
     """int8 -> a dot operand dtype; CVT 1/2 go through exact fp32 (integers |v| <= 128 are exact in bf16),
-    3 converts straight to bf16/fp16 by inline PTX (`kernels._int8_to`, 2 instructions per element)."""
+    3 converts straight to bf16/fp16 by inline PTX (`int8_kernels._int8_to`, 2 instructions per element)."""
     if CVT == 0:
         return w.to(dtype)
     elif CVT == 3:
@@ -148,10 +148,7 @@ def woq_decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ (w[N, K] int8).T * ws[N] + b[N]; program (n tile, m tile), the whole K.
-
-    (Its split-K variants, which no measured config picked, are in git tag lab-archive.)
-    """
+    """out[M, N] = x[M, K] @ (w[N, K] int8).T * ws[N] + b[N]; program (n tile, m tile), the whole K."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

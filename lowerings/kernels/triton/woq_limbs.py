@@ -1,14 +1,16 @@
 """woq-int8 on the int8 tensor cores: the activation split exactly into three int8 limbs, the weight used as is.
 
-Why: the woq tile kernel (`kernels.qlinear_mm_kernel`) converts every int8 weight element to bf16 in its main
-loop, about 5 instructions per element (SASS counts: `git show lab-archive:BENCHMARKS.md`, "What limits the
-woq tile kernel at M >= 16"), and at M = 16..256 on the H200 it
-reached only 0.6-0.7x bf16 F.linear. The int8 weight can feed the int8 tensor cores untouched if the
-activation is int8 too. Each activation row becomes X = round(x * 2**(21 - e)), with e the exponent of the
-row's amax, so |X| < 2**22, written as X = d2 * 2**16 + d1 * 2**8 + d0 with int8 digits d0, d1 in
-[-128, 127], d2 in [-64, 64]. The GEMM runs three int8 x int8 -> int32 dots per tile against the same weight
-tile; int8 MMAs run at twice the bf16 rate, and the weight costs no conversion instructions. The epilogue
-combines them: y = (P2 * 2**16 + P1 * 2**8 + P0) * 2**(e - 21) * w_scale + bias.
+Why: the woq tile kernel (`int8_kernels.qlinear_mm_kernel`) converts every int8 weight element to bf16 in its
+main loop. Without the inline-PTX conversion that is about 5 instructions per element (SASS counts), and at M
+16..256 on sm_90 that form reached only 0.6-0.7x bf16 F.linear. (No tuned entry or rule picks this kernel,
+`configs.woq_int8_config`: the inline-PTX conversion, `int8_kernels._int8_to`, 2 instructions per element,
+beat it where both were timed except at M = 64, 4096->28672 (55.1 vs 50.0 us), where this kernel turns a row
+holding inf into a NaN row. It stays for sweeps.) The int8 weight can feed the int8 tensor cores untouched if
+the activation is int8 too. Each activation row becomes X = round(x * 2**(21 - e)), with e the exponent of the
+row's amax, so |X| < 2**22, written as X = d2 * 2**16 + d1 * 2**8 + d0 with int8 digits d0, d1 in [-128, 127],
+d2 in [-64, 64]. The GEMM runs three int8 x int8 -> int32 dots per tile against the same weight tile; int8
+MMAs run at twice the bf16 rate, and the weight costs no conversion instructions. The epilogue combines them:
+y = (P2 * 2**16 + P1 * 2**8 + P0) * 2**(e - 21) * w_scale + bias.
 
 Numerics: an element at least 2**-14 (bf16) or 2**-11 (fp16) times its row's amax is represented exactly.
 Smaller ones round to a multiple of 2**(e - 21): error <= 2**-22 times the row's amax each, below the
