@@ -323,7 +323,7 @@ def test_dynamic_plan_covers_every_m_once_with_the_static_kernel():
 def test_dynamic_plan_keeps_the_static_split_k():
     """At 14336->4096, M 3..16 the static pick splits K in two; a symbolic M's range there runs the same split
     config (its own accumulator and a gated cast: `int8_ops._launch_all`), not an unsplit twin (7 % slower
-    over a decoder step at b16 on the H200: BENCHMARKS.md, run N)."""
+    over a decoder step at b16 on the H200: BENCHMARKS.md, "Static and symbolic batch side by side")."""
     plan = configs.dynamic_plan(configs.woq_int8_config, configs.WOQ_INT8_TUNED, 14336, 4096)
     for m in (4, 16):
         (cfg,) = [c for lo, hi, c in plan if lo <= m <= (hi or 1 << 30)]
