@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from qlower.patterns.epilogue import Absorb, Epilogue, site_bias, stored_nk, walk_epilogue, weight_layout
 from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
@@ -33,15 +34,12 @@ from qlower.patterns.graph_utils import (
     VIEW_OPS,
     Factor,
     aten,
-    bias_label,
     convert_target_dtype,
-    epilogue_factor,
     factor_kind,
     has_single_user,
     is_call,
     is_static,
     is_transpose_2d,
-    keeps_rows,
     known_eq,
     tensor_devices,
     tensor_val,
@@ -310,18 +308,6 @@ def _u8_from_int8(node: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
     return widened.args[0], 128, [node, add, widened]
 
 
-@dataclass
-class _Epilogue:
-    row_scale: Any = None  # per-token (or per-tensor) factor: the activation scale
-    col_scale: Any = None  # per-output-channel (or per-tensor) factor: the weight scale
-    bias: fx.Node | None = None
-    out_shape: list[Any] | None = None
-    cancelled_shift: bool = False  # the u8s8 compensation `- shift * w.sum(0)` was found and consumed
-    chain: list[fx.Node] = field(default_factory=list)
-    output: fx.Node | None = None
-    blocker: fx.Node | None = None  # the single user the walk could not absorb, if it stopped at one
-
-
 def _shift_compensation(sub: fx.Node, acc: fx.Node, w_operand: fx.Node, shift: int) -> list[fx.Node] | None:
     """Nodes of `acc - shift * w_operand.sum(0, keepdim=True)` when `sub` is exactly that."""
     if not is_call(sub, _SUB_OPS) or sub.args[0] is not acc or sub.kwargs.get("alpha", 1) != 1:
@@ -338,54 +324,42 @@ def _shift_compensation(sub: fx.Node, acc: fx.Node, w_operand: fx.Node, shift: i
     return [sub, comp, total]
 
 
-def _walk_epilogue(
-    mm: fx.Node, m: Any, n: int, w_operand: fx.Node, shift: int | None, need_row: bool, need_col: bool
-) -> _Epilogue:
-    """Consume the rescale chain after the matmul: converts, views that keep N, the missing scales (row,
-    column: `graph_utils.epilogue_factor`), then one bias.
+def _absorber(mm: fx.Node, w_operand: fx.Node, shift: int | None, need_row: bool, need_col: bool) -> Absorb:
+    """The rescale chain after the matmul (`epilogue.walk_epilogue`): the u8s8 compensation, converts, the
+    missing scales (row, column: `graph_utils.epilogue_factor`), then one bias; the op it stops at is the
+    blocker a rejection names."""
 
-    Stopping early is always correct: what is not consumed stays in the graph, applied to the lowered value.
-    """
-    ep = _Epilogue(output=mm)
-    cur = mm
-    while has_single_user(cur):
-        user = next(iter(cur.users))
+    def absorb(user: fx.Node, cur: fx.Node, factor: Factor | None, ep: Epilogue) -> list[fx.Node] | None:
         uv = tensor_val(user)
         if uv is None:
-            break
-        consumed: list[fx.Node] = [user]
-        factor = epilogue_factor(user, cur, m)
+            return None
         comp = _shift_compensation(user, mm, w_operand, shift) if shift is not None and cur is mm else None
         if comp is not None:
             ep.cancelled_shift = True
-            consumed = comp
-        elif keeps_rows(user, n) and user.args[0] is cur:
-            ep.out_shape = list(user.args[1])
-        elif convert_target_dtype(user) is not None and uv.dtype.is_floating_point:
-            pass
-        elif is_call(user, MUL_OPS) and ep.bias is None and factor is not None:
+            return comp
+        if convert_target_dtype(user) is not None and uv.dtype.is_floating_point:
+            return [user]
+        if is_call(user, MUL_OPS) and ep.bias is None and factor is not None:
             if factor.kind in ("row", "one") and need_row and ep.row_scale is None:
                 ep.row_scale = factor.source
             elif factor.kind in ("col", "one") and need_col and ep.col_scale is None:
                 ep.col_scale = factor.source
             else:
-                break
-        elif (
+                return None
+            return [user]
+        bias_ok = factor is not None and factor.kind == "col" and isinstance(factor.source, fx.Node)
+        if (
             is_call(user, ADD_OPS)
             and ep.bias is None
-            and factor is not None
-            and factor.kind == "col"
-            and isinstance(factor.source, fx.Node)
+            and bias_ok
             and (not need_row or ep.row_scale is not None)
         ):
-            ep.bias = factor.source
-        else:
-            ep.blocker = user
-            break
-        ep.chain += consumed
-        cur = user
-    ep.output = cur
-    return ep
+            ep.bias = factor.source  # type: ignore[union-attr]
+            return [user]
+        ep.blocker = user
+        return None
+
+    return absorb
 
 
 def _no_row_scale_reason(blocker: fx.Node | None, n: int) -> str:
@@ -467,22 +441,34 @@ def _row_dtype(mm: fx.Node) -> torch.dtype | None:
     return None
 
 
-def _match(mm: fx.Node) -> Candidate | None:
+def _operands(mm: fx.Node) -> tuple[Any, fx.Node, fx.Node] | None:
+    """(bias, a, b) of `_int_mm(a, b)`, `mm(a, b)` or `addmm(bias, a, b)` (beta = alpha = 1) on 2-D operands
+    both computed from int8 tensors (an `_int_mm`'s are by definition), else None."""
     if mm.target is aten.addmm.default:
-        bias, a, b = mm.args[:3]
         if mm.kwargs.get("beta", 1) != 1 or mm.kwargs.get("alpha", 1) != 1:
             return None
+        bias, a, b = mm.args[:3]
     else:
-        bias = None
-        a, b = mm.args[:2]
+        bias, (a, b) = None, mm.args[:2]
     av, bv, mmv = tensor_val(a), tensor_val(b), tensor_val(mm)
     if av is None or bv is None or mmv is None or av.dim() != 2 or bv.dim() != 2:
         return None
     if mm.target is not aten._int_mm.default and not (_reaches_int8(a) and _reaches_int8(b)):
         return None
+    return bias, a, b
+
+
+def _match(mm: fx.Node) -> Candidate | None:
+    """The dynamic-int8 linear at an int matmul, a rejection naming its blocker, or None (not a candidate)."""
+    found = _operands(mm)
+    if found is None:
+        return None
+    bias, a, b = found
     x_op, w_op = _trace_operand(a, "x"), _trace_operand(b, "w")
     if x_op is None or w_op is None:
         return None
+    av, bv = tensor_val(a), tensor_val(b)
+    assert av is not None and bv is not None
     m = av.shape[0]
     base = dict(
         family=FAMILY, anchor=mm, device=av.device, dtype=_row_dtype(mm), shape=(m, av.shape[1], bv.shape[1])
@@ -494,109 +480,93 @@ def _match(mm: fx.Node) -> Candidate | None:
     wv = tensor_val(w_op.source)
     if wv is None or wv.dim() != 2 or not all(is_static(d) for d in wv.shape):
         return Rejection(reason="weight is not a 2-D tensor of static shape", **base)
-    # How the int8 weight is stored: an odd number of transposes into the matmul means [N, K] (F.linear's).
-    n, k = (
-        (int(wv.shape[0]), int(wv.shape[1])) if w_op.flips % 2 == 1 else (int(wv.shape[1]), int(wv.shape[0]))
-    )
+    n, k = (int(d) for d in stored_nk(wv, w_op.flips))
     base["shape"] = (m, k, n)
     xqv = tensor_val(x_op.source)
     if xqv is None or not known_eq(xqv.shape[-1], k):
         return Rejection(reason="activation is not an int8 [..., K] tensor flattened into the matmul", **base)
-
-    shift = -x_op.zero_point if x_op.via == "u8" else None
     if bias is not None and x_op.scale is None:
         return Rejection(reason="addmm adds its bias to an unscaled integer product", **base)
-    if bias is not None:
-        site_bias = factor_kind(bias, mmv)
-        if site_bias is None or site_bias.kind != "col" or not isinstance(site_bias.source, fx.Node):
-            return Rejection(
-                reason=f"addmm adds a {list(tensor_val(bias).shape)} tensor, not a per-channel bias", **base
-            )
-        bias = site_bias.source
-    ep = _walk_epilogue(
-        mm,
-        m,
-        n,
-        b,
-        shift,
-        need_row=x_op.scale is None and bias is None,
-        need_col=w_op.scale is None and bias is None,
-    )
+    bias = site_bias(bias, tensor_val(mm), kinds=("col",))
+    if isinstance(bias, str):
+        return Rejection(reason=bias, **base)
+    return _rescaled(mm, b, x_op, w_op, bias, base)
+
+
+def _rescaled(
+    mm: fx.Node, w_operand: fx.Node, x_op: _Operand, w_op: _Operand, bias: Any, base: dict[str, Any]
+) -> Candidate:
+    """The record once the operands are known: the rescale after the matmul found, its scales complete."""
+    m, k, n = base["shape"]
+    shift = -x_op.zero_point if x_op.via == "u8" else None  # type: ignore[operator]
+    need_row, need_col = x_op.scale is None and bias is None, w_op.scale is None and bias is None
+    ep = walk_epilogue(mm, m, n, _absorber(mm, w_operand, shift, need_row, need_col))
     if bias is not None:
         ep.bias = bias
-    x_zero_point = None if ep.cancelled_shift else x_op.zero_point
     x_scale = x_op.scale if x_op.scale is not None else ep.row_scale
     w_scale = w_op.scale if w_op.scale is not None else ep.col_scale
     if x_scale is None:
         return Rejection(reason=_no_row_scale_reason(ep.blocker, n), **base)
-    out = ep.output
-    outv = tensor_val(out)
-    assert out is not None and outv is not None
+    outv = tensor_val(ep.output)
+    assert ep.output is not None and outv is not None
     if not outv.dtype.is_floating_point:
         return Rejection(reason=f"result stays {outv.dtype}", **base)
     if len(tensor_devices(x_op.source, w_op.source, x_scale, w_scale, ep.bias)) > 1:
         return Rejection(reason="mixed devices", **base)
-
-    pro = _describe_prologue(x_op.source)
-    x_float = pro["x_float"]
-    xfv = tensor_val(x_float)
-    compute_dtype = xfv.dtype if xfv is not None and xfv.dtype in FLOAT_DTYPES else outv.dtype
-    matched = pro["quant_scale"] is not None and _strip(pro["quant_scale"]) is _strip(x_scale)
-    per = "per_tensor" if _numel_one(x_scale) else "per_token"
-    sym = "symmetric" if x_zero_point is None or _int_const(x_zero_point) == 0 else "asymmetric"
     out_shape = None
     if outv.dim() != 2:
         out_shape = ep.out_shape if ep.out_shape is not None else list(outv.shape)
     w_zero = w_op.zero_point is None or _int_const(w_op.zero_point) == 0
-    kind = "int_mm" if mm.target is aten._int_mm.default else "int32_mm"
-    form = "+".join(
-        p
-        for p in (
-            {"int": kind, "u8": kind, "float": "dequant_mm" if x_op.scale is not None else "float_mm"}.get(
-                x_op.via, x_op.via
-            ),
-            "u8s8" if ep.cancelled_shift else ("u8" if x_op.via == "u8" else ""),
-            "asym" if sym == "asymmetric" else "",
-            "" if w_zero else "wzp",
-            bias_label(ep.bias),
-            "nd" if out_shape is not None else "",
-            "kn_weight" if w_op.flips % 2 == 0 else "",
-        )
-        if p
+    act = _act_quant(x_op, x_scale, ep.cancelled_shift)
+    xfv = tensor_val(act.x_float)
+    return QuantLinear(
+        family=FAMILY,
+        x=x_op.source,
+        weight=w_op.source,
+        weight_layout=weight_layout(w_op.flips),
+        weight_scale=w_scale,
+        bias=ep.bias,
+        compute_dtype=xfv.dtype if xfv is not None and xfv.dtype in FLOAT_DTYPES else outv.dtype,
+        out_dtype=outv.dtype,
+        m=m,
+        k=k,
+        n=n,
+        output=ep.output,
+        out_shape=out_shape,
+        nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes, *_qdq_producers(x_op.source)),
+        matmul=_spelling(mm, x_op),
+        act_quant=act,
+        weight_zero_point=None if w_zero else w_op.zero_point,
     )
-    act = ActQuant(
+
+
+def _spelling(mm: fx.Node, x_op: _Operand) -> str:
+    """The record's `matmul`: how the graph multiplies the int8 values (see `QuantLinear.matmul`)."""
+    if x_op.via == "float":
+        return "dequant_mm" if x_op.scale is not None else "float_mm"
+    if x_op.via in ("int", "u8"):
+        return "int_mm" if mm.target is aten._int_mm.default else "int32_mm"
+    return x_op.via
+
+
+def _act_quant(x_op: _Operand, x_scale: Any, cancelled_shift: bool) -> ActQuant:
+    """The activation's quantization: scheme, zero point, and what produced x_q (`_describe_prologue`)."""
+    pro = _describe_prologue(x_op.source)
+    zero_point = None if cancelled_shift else x_op.zero_point
+    per = "per_tensor" if _numel_one(x_scale) else "per_token"
+    sym = "symmetric" if zero_point is None or _int_const(zero_point) == 0 else "asymmetric"
+    matched = pro["quant_scale"] is not None and _strip(pro["quant_scale"]) is _strip(x_scale)
+    return ActQuant(
         scheme=f"{per}_{sym}",
         x_q=x_op.source,
         x_scale=x_scale,
         qmin=int(pro["qmin"]),
         qmax=int(pro["qmax"]),
-        x_float=x_float,
-        details={
-            "zero_point": x_zero_point,
-            "weight_zero_point": None if w_zero else w_op.zero_point,
-            "prologue": "matched" if matched else "opaque",
-            # PT2E: x_q / x_scale come from quantized_decomposed ops that Inductor runs as Python fallbacks;
-            # lowerings should inline them (lowerings.decompose.materialize) before using them.
-            "quantized_decomposed": x_op.via == "qdq",
-        },
-    )
-    return QuantLinear(
-        family=FAMILY,
-        x=x_op.source,
-        weight=w_op.source,
-        weight_layout="NK" if w_op.flips % 2 == 1 else "KN",
-        weight_scale=w_scale,
-        bias=ep.bias,
-        compute_dtype=compute_dtype,
-        out_dtype=outv.dtype,
-        m=m,
-        k=k,
-        n=n,
-        output=out,
-        out_shape=out_shape,
-        nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes, *_qdq_producers(x_op.source)),
-        act_quant=act,
-        form=form,
+        x_float=pro["x_float"],
+        zero_point=zero_point,
+        u8_shift="compensated" if cancelled_shift else "zero_point" if x_op.via == "u8" else None,
+        prologue="matched" if matched else "opaque",
+        quantized_decomposed=x_op.via == "qdq",
     )
 
 

@@ -8,7 +8,7 @@ the graph forms users write: gpt-fast (`F.linear(x, w.to(x.dtype)) * s`), scale 
 [N, 1] in any float dtype, weight [N, K] or stored [K, N].
 
 A scale that the graph rounds from fp32 to the matmul's dtype on every call (torchao stores it fp32 [N, 1]:
-`convert_element_type(s, bf16)` then a view) is recorded as a `ScaleCast` in `details["scale_cast"]`, the
+`convert_element_type(s, bf16)` then a view) is recorded as the record's `scale_cast` (a `ScaleCast`), the
 rounding's nodes among the record's, so a kernel that rounds the fp32 scale itself leaves that cast dead.
 """
 
@@ -21,27 +21,24 @@ import torch
 from torch import fx
 
 from qlower.patterns import dynamic_int8
+from qlower.patterns.epilogue import Epilogue, site_bias, stored_nk, walk_epilogue, weight_layout
 from qlower.patterns.graph_utils import (
     ADD_OPS,
     FLOAT_DTYPES,
     MUL_OPS,
+    Factor,
     MatmulSite,
-    bias_label,
     convert_target_dtype,
-    epilogue_factor,
-    factor_kind,
-    has_single_user,
     is_call,
     is_static,
     is_transpose_2d,
-    keeps_rows,
     known_eq,
     matmul_site,
     strip_expand,
     tensor_devices,
     tensor_val,
 )
-from qlower.patterns.record import Candidate, QuantLinear, Rejection, ScaleCast
+from qlower.patterns.record import Candidate, QuantLinear, Rejection, ScaleCast, ScaleSite
 
 FAMILY = "woq_int8"
 # An activation that is itself a dequantized int8 tensor, which dynamic_int8 records exactly: a float GEMM on
@@ -156,18 +153,6 @@ def _is_channel_vector(factor: Any) -> bool:
     return v is None or v.dim() <= 1
 
 
-def _site_bias(bias: Any, mmv: torch.Tensor) -> Any:
-    """The bias an `addmm` adds, as its per-channel (or scalar) source; a reason when it is anything else
-    (`addmm(residual [M, N], x, w)` is not a bias)."""
-    if bias is None:
-        return None
-    factor = factor_kind(bias, mmv)
-    if factor is None or factor.kind == "row" or not isinstance(factor.source, fx.Node):
-        shape = list(tensor_val(bias).shape) if tensor_val(bias) is not None else "?"
-        return f"addmm adds a {shape} tensor, not a per-channel bias"
-    return factor.source
-
-
 def _is_float_scalar_or_tensor(x: Any) -> bool:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return True
@@ -214,102 +199,99 @@ def _scale_cast(operand: Any, scale: Any, dtype: torch.dtype) -> tuple[ScaleCast
     return None
 
 
-def _match(site: MatmulSite) -> Candidate | None:
-    mm, x, operand, bias = site.output, site.x, site.operand, site.bias
-    path = _trace_weight(operand)
-    if path is None:
-        return None
-    xv, mmv = tensor_val(x), tensor_val(mm)
-    if xv is None or mmv is None:
-        return None
-    m, k, n = xv.shape[0], xv.shape[1], mmv.shape[1]
-    base = dict(family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, k, n))
-    if isinstance(path, str):
-        return Rejection(reason=path, **base)
-    if dynamic_int8.describes(mm):
-        return Rejection(reason=DYNAMIC_ACTIVATION, **base)
+def _weight_dims(path: _WeightPath) -> tuple[Any, Any] | str:
+    """(K, N) from the int8 weight: static for parameters even when Dynamo marks activation dims dynamic."""
     wv = tensor_val(path.source)
     if wv is None or wv.dim() != 2:
-        return Rejection(reason="weight is not a 2-D tensor", **base)
-    # K and N come from the weight: static for parameters even when Dynamo marks activation dims dynamic.
-    n, k = (wv.shape[0], wv.shape[1]) if path.flips % 2 == 1 else (wv.shape[1], wv.shape[0])
-    n, k = (int(n) if is_static(n) else n), (int(k) if is_static(k) else k)
-    base["shape"] = (m, k, n)
+        return "weight is not a 2-D tensor"
+    n, k = stored_nk(wv, path.flips)
+    return (int(k) if is_static(k) else k), (int(n) if is_static(n) else n)
+
+
+def _weight_problem(path: _WeightPath, xv: torch.Tensor, mmv: torch.Tensor, k: Any, n: Any) -> str | None:
+    """Why the traced weight is not this linear's [N, K] int8 weight times a per-channel scale, if it is not."""
     if not (known_eq(n, mmv.shape[1]) and known_eq(k, xv.shape[1])):
-        return Rejection(reason=f"int8 weight {list(wv.shape)} is broadcast into the matmul operand", **base)
+        return f"int8 weight {list(tensor_val(path.source).shape)} is broadcast into the matmul operand"
     if xv.dtype not in FLOAT_DTYPES:
-        return Rejection(reason=f"activation dtype {xv.dtype} is not bf16/fp16/fp32", **base)
+        return f"activation dtype {xv.dtype} is not bf16/fp16/fp32"
     if not _weight_scale_ok(path, n):
-        return Rejection(
-            reason="weight scale does not broadcast per output channel (per-K or block scales)", **base
-        )
+        return "weight scale does not broadcast per output channel (per-K or block scales)"
+    return None
 
-    site_bias = _site_bias(bias, mmv)
-    if isinstance(site_bias, str):
-        return Rejection(reason=site_bias, **base)
-    bias, scale, out_shape, cur, chain = site_bias, path.scale, None, mm, list(site.nodes)
-    scale_operand = path.scale_operand
-    # Walk forward: views that keep N, one per-channel multiply (if the weight carried none), one bias add.
-    while has_single_user(cur):
-        user = next(iter(cur.users))
-        factor = epilogue_factor(user, cur, m)
-        if keeps_rows(user, n) and user.args[0] is cur:
-            out_shape = list(user.args[1])
-        elif factor is None or factor.kind == "row" or not _is_channel_vector(factor.source):
-            break
-        elif is_call(user, MUL_OPS) and scale is None and bias is None:
-            if not _is_float_scalar_or_tensor(factor.source):
-                break
-            scale = factor.source
-            scale_operand = user.args[1] if user.args[0] is cur else user.args[0]
-        elif is_call(user, ADD_OPS) and bias is None and isinstance(factor.source, fx.Node):
-            bias = factor.source
-        else:
-            break
-        chain.append(user)
-        cur = user
 
-    if len(tensor_devices(x, path.source, scale, bias)) > 1:
-        return Rejection(
-            reason=f"mixed devices {sorted(map(str, tensor_devices(x, path.source, scale, bias)))}", **base
-        )
-    outv = tensor_val(cur)
-    cast = _scale_cast(scale_operand, scale, mmv.dtype)
-    form = "+".join(
-        p
-        for p in (
-            site.kind,
-            "weight_scale"
-            if path.scale is not None
-            else ("output_scale" if scale is not None else "no_scale"),
-            "scale_cast" if cast is not None else "",
-            bias_label(bias),
-            "nd" if out_shape is not None else "",
-            "kn_weight" if path.flips % 2 == 0 else "",
-        )
-        if p
+def _absorb(user: fx.Node, cur: fx.Node, factor: Factor | None, ep: Epilogue) -> list[fx.Node] | None:
+    """One per-channel multiply (if the weight carried no scale), then one bias add."""
+    if factor is None or factor.kind == "row" or not _is_channel_vector(factor.source):
+        return None
+    if is_call(user, MUL_OPS) and ep.col_scale is None and ep.bias is None:
+        if not _is_float_scalar_or_tensor(factor.source):
+            return None
+        ep.col_scale = factor.source
+        ep.scale_operand = user.args[1] if user.args[0] is cur else user.args[0]
+    elif is_call(user, ADD_OPS) and ep.bias is None and isinstance(factor.source, fx.Node):
+        ep.bias = factor.source
+    else:
+        return None
+    return [user]
+
+
+def _match(site: MatmulSite) -> Candidate | None:
+    """The woq-int8 linear at a matmul site, a rejection naming its blocker, or None (not a candidate)."""
+    mm, x = site.output, site.x
+    path = _trace_weight(site.operand)
+    xv, mmv = tensor_val(x), tensor_val(mm)
+    if path is None or xv is None or mmv is None:
+        return None
+    m = xv.shape[0]
+    base = dict(
+        family=FAMILY, anchor=mm, device=xv.device, dtype=xv.dtype, shape=(m, xv.shape[1], mmv.shape[1])
     )
+    if isinstance(path, str) or dynamic_int8.describes(mm):
+        return Rejection(reason=path if isinstance(path, str) else DYNAMIC_ACTIVATION, **base)
+    dims = _weight_dims(path)
+    if isinstance(dims, str):
+        return Rejection(reason=dims, **base)
+    k, n = dims
+    base["shape"] = (m, k, n)
+    bias = site_bias(site.bias, mmv)
+    why = _weight_problem(path, xv, mmv, k, n) or (bias if isinstance(bias, str) else None)
+    if why is not None:
+        return Rejection(reason=why, **base)
+    ep = Epilogue(chain=list(site.nodes), bias=bias, col_scale=path.scale, scale_operand=path.scale_operand)
+    ep = walk_epilogue(mm, m, n, _absorb, ep)
+    devices = tensor_devices(x, path.source, ep.col_scale, ep.bias)
+    if len(devices) > 1:
+        return Rejection(reason=f"mixed devices {sorted(map(str, devices))}", **base)
+    return _record(site, path, ep, (m, k, n))
+
+
+def _record(site: MatmulSite, path: _WeightPath, ep: Epilogue, shape: tuple[Any, Any, Any]) -> QuantLinear:
+    """The record of a verified site: the scale where the graph multiplies it, and its fp32 cast if any."""
+    mmv, outv = tensor_val(site.output), tensor_val(ep.output)
+    assert mmv is not None and outv is not None and ep.output is not None
+    cast = _scale_cast(ep.scale_operand, ep.col_scale, mmv.dtype)
+    on = (
+        ScaleSite.WEIGHT if path.scale is not None else ScaleSite.OUTPUT if ep.col_scale is not None else None
+    )
+    m, k, n = shape
     return QuantLinear(
         family=FAMILY,
-        x=x,
+        x=site.x,
         weight=path.source,
-        weight_layout="NK" if path.flips % 2 == 1 else "KN",
-        weight_scale=scale,
-        bias=bias,
+        weight_layout=weight_layout(path.flips),
+        weight_scale=ep.col_scale,
+        bias=ep.bias,
         compute_dtype=mmv.dtype,
         out_dtype=outv.dtype,
         m=m,
         k=k,
         n=n,
-        output=cur,
-        out_shape=out_shape,
-        nodes=tuple(chain) + tuple(path.nodes) + (tuple(cast[1]) if cast is not None else ()),
-        form=form,
-        details={
-            # where the user's formula multiplies the scale: into the weight, or into the matmul result
-            "scale_site": "weight" if path.scale is not None else "output" if scale is not None else None,
-            "scale_cast": cast[0] if cast is not None else None,
-        },
+        output=ep.output,
+        out_shape=ep.out_shape,
+        nodes=(*ep.chain, *path.nodes, *(cast[1] if cast is not None else ())),
+        matmul=site.kind,
+        scale_site=on,
+        scale_cast=cast[0] if cast is not None else None,
     )
 
 

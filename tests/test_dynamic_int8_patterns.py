@@ -313,7 +313,7 @@ class TestRecord(expecttest.TestCase):
         aq = rec.act_quant
         self.assertEqual((rec.m, rec.k, rec.n, rec.weight_layout), (6, 64, 32, "NK"))
         self.assertEqual((aq.scheme, aq.qmin, aq.qmax), ("per_token_symmetric", -127, 127))
-        self.assertEqual(aq.details["prologue"], "matched")
+        self.assertEqual(aq.prologue, "matched")
         self.assertIs(rec.x, aq.x_q)
         self.assertEqual(rec.compute_dtype, torch.float32)
         self.assertEqual(rec.out_shape, [2, 3, 32])
@@ -327,8 +327,8 @@ class TestRecord(expecttest.TestCase):
     def test_asymmetric_record(self):
         (rec,) = self.records(PT2E(64, 32, asymmetric=True), torch.randn(4, 64))
         self.assertEqual(rec.act_quant.scheme, "per_token_asymmetric")
-        self.assertIsNotNone(rec.act_quant.details["zero_point"])
-        self.assertTrue(rec.act_quant.details["quantized_decomposed"])
+        self.assertIsNotNone(rec.act_quant.zero_point)
+        self.assertTrue(rec.act_quant.quantized_decomposed)
 
 
 class PerKScale(Form):

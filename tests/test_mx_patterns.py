@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 from qlower.passes.canonicalize import einsum_to_mm
-from qlower.patterns import mx
+from qlower.patterns import mx, mx_verify
 from qlower.patterns.mx_format import E2M1_VALUES
 from qlower.patterns.record import Rejection
 from qlower.testing import apply_pass, graph_summary
@@ -31,7 +31,7 @@ def summary(cands) -> str:
             continue
         line = (
             f"{c.form} MKN={tuple(c.shape)} w={c.weight.name}:{c.weight_layout} "
-            f"w_scale={c.weight_scale.name}:{c.details['w_scale_layout']} out={c.out_dtype}"
+            f"w_scale={c.weight_scale.name}:{c.weight_mx.scale_layout} out={c.out_dtype}"
         )
         if c.bias is not None:
             line += f" bias={c.bias.name}"
@@ -39,8 +39,8 @@ def summary(cands) -> str:
             a = c.act_quant
             xf = a.x_float.name if a.x_float is not None else None
             line += (
-                f"\n  act x_q={a.x_q.name} x_scale={a.x_scale.name}:{a.details['scale_layout']} "
-                f"rounding={a.details['rounding']} x_float={xf}"
+                f"\n  act x_q={a.x_q.name} x_scale={a.x_scale.name}:{a.mx.scale_layout} "
+                f"rounding={a.rounding} x_float={xf}"
             )
         out.append(line)
     return "\n".join(out) or "no candidate"
@@ -120,7 +120,7 @@ class HandWrittenForms(TestCase):
 
         x, q, e = mm.form_inputs("fp4_bits_bias_3d", N, K)
         (rec,) = mx.find(mm.trace(f, x.view(-1, K), q, e).graph)
-        self.assertEqual(rec.details["w_nibbles"], "high_first")
+        self.assertEqual(rec.weight_mx.nibbles, "high_first")
         self.assertEqual(rec.form, "weight_only+e2m1+w_scale_plain+mm+high_nibble_first")
 
     def test_k_not_multiple_of_32_is_a_partial_block(self):
@@ -156,15 +156,15 @@ class HandWrittenForms(TestCase):
         x, q, e = mm.form_inputs("fp4_bits_bias_3d", 4096, 4096, m=2)
         gm = mm.trace(f, x, q, e)
         rows_run: list[int] = []
-        real_call = mx._Probe.__call__
+        real_call = mx_verify._Probe.__call__
 
         def spy(probe, *args):
             rows_run.append(probe.r)
             return real_call(probe, *args)
 
-        with mock.patch.object(mx._Probe, "__call__", spy):
+        with mock.patch.object(mx_verify._Probe, "__call__", spy):
             (rec,) = mx.find(gm.graph)
-        self.assertEqual(rec.details["w_elem"], "e2m1")
+        self.assertEqual(rec.weight_mx.elem, "e2m1")
         self.assertTrue(rows_run and max(rows_run) <= 64, rows_run)
 
 
@@ -176,8 +176,8 @@ def test_torchao_emulated(elem, mode, bias):
     (rec,) = mx.find(mm.trace(m, torch.randn(2, 3, 64, dtype=torch.bfloat16)).graph)
     form = f"dynamic+{elem}x{elem}+w_scale_swizzled+{'addmm+bias' if bias else 'mm'}+nd"
     assert rec.form == form
-    assert rec.details["w_scale_layout"] == "swizzled" and rec.act_quant.details["scale_layout"] == "plain"
-    assert rec.act_quant.details["rounding"] == mode.lower()
+    assert rec.weight_mx.scale_layout == "swizzled" and rec.act_quant.mx.scale_layout == "plain"
+    assert rec.act_quant.rounding == mode.lower()
     assert rec.out_shape == [2, 3, 48] and (rec.m, rec.k, rec.n) == (6, 64, 48)
 
 
@@ -249,16 +249,16 @@ def _pow2_linears(biases: list[int]):
 
 
 def test_decode_verified_once_per_structure(monkeypatch):
-    """A graph's decodes of one structure are probed once (`mx._verify`, keyed by `structure_key`); a decode that
-    differs only in a constant (a bias of 126: not e8m0) is probed apart and keeps its own verdict."""
+    """A graph's decodes of one structure are probed once (`mx_verify.verify`, keyed by `structure_key`); a
+    decode that differs only in a constant (a bias of 126: not e8m0) is probed apart and keeps its own verdict."""
     probes = []
-    original = mx._verify_probes
+    original = mx_verify._verify_probes
 
     def counted(*args, **kw):
         probes.append(1)
         return original(*args, **kw)
 
-    monkeypatch.setattr(mx, "_verify_probes", counted)
+    monkeypatch.setattr(mx_verify, "_verify_probes", counted)
     x, q, e = mm.form_inputs("pow2_fp32_matmul", 48, 64)
     found = {}
     for biases in ([127, 127, 127, 126], [126]):

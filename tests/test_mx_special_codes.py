@@ -75,7 +75,7 @@ def test_unguarded_exp2_reproduces_inf_at_code_255():
     form = mm.special_code_forms(N, K)["e8m0_unguarded"]
     x, q, e = mm.special_code_inputs(form.elem, N, K)
     (rec,) = mx.find(mm.trace(form.fn, x, q, e).graph)
-    assert rec.details["w_scale_special"] == {255: float("inf")}
+    assert rec.weight_mx.scale_special == {255: float("inf")}
     q.view(torch.uint8)[0, :32] = (
         0x30  # row 0's first block (code 255): all 0.5, so x @ w.T is +Inf for x > 0
     )
@@ -99,7 +99,7 @@ def test_decode_splitting_a_factor_between_its_halves_is_mx():
     x, q, e = mm.special_code_inputs("e2m1", N, K)
     (rec,) = mx.find(mm.trace(f, x, q, e).graph)
     assert not isinstance(rec, Rejection), rec.reason
-    assert rec.details["w_scale_special"] == {}
+    assert rec.weight_mx.scale_special == {}
     _assert_same_numbers(_compile(f)(x, q, e), f(x, q, e))
 
 

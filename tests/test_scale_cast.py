@@ -29,7 +29,7 @@ from woq_models import assert_close_to_reference
 
 from qlower import testing
 from qlower.patterns import woq_int8
-from qlower.patterns.record import QuantLinear, ScaleCast
+from qlower.patterns.record import QuantLinear, ScaleCast, ScaleSite
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -66,8 +66,8 @@ def test_torchao_scale_cast_is_recorded(bias: bool) -> None:
     stays the bf16 view (every other lowering reads it unchanged) and the form says "scale_cast"."""
     lin = _torchao_linear(64, 32, BF16, bias)
     gm, rec = _record(lin, torch.randn(4, 64, dtype=BF16))
-    cast = rec.details["scale_cast"]
-    assert isinstance(cast, ScaleCast) and cast.dtype == BF16, rec.details
+    cast = rec.scale_cast
+    assert isinstance(cast, ScaleCast) and cast.dtype == BF16, rec
     src = cast.source
     sv = src.meta["val"]
     assert src.op == "placeholder" and (sv.dtype, tuple(sv.shape)) == (FP32, (32, 1)), src
@@ -85,8 +85,8 @@ def test_weight_side_cast_is_recorded() -> None:
         return F.linear(x, w.to(x.dtype) * s[:, None].to(x.dtype))
 
     _, rec = _record(f, torch.randn(4, 64, dtype=BF16))
-    assert rec.details["scale_site"] == "weight" and isinstance(rec.details["scale_cast"], ScaleCast)
-    assert rec.details["scale_cast"].source.meta["val"].dtype == FP32
+    assert rec.scale_site is ScaleSite.WEIGHT and isinstance(rec.scale_cast, ScaleCast)
+    assert rec.scale_cast.source.meta["val"].dtype == FP32
 
 
 def _second_user(x, w, s):
@@ -107,7 +107,7 @@ def test_cast_not_absorbed(fn) -> None:
     """No absorption where the cast must stay (another user) or is not fp32 rounded to the matmul's dtype."""
     w, s = torch.randint(-127, 128, (32, 64), dtype=torch.int8), torch.rand(32) * 0.02
     _, rec = _record(lambda x: fn(x, w, s), torch.randn(4, 64, dtype=BF16))
-    assert rec.details["scale_cast"] is None and "scale_cast" not in rec.form, (rec.form, rec.details)
+    assert rec.scale_cast is None and "scale_cast" not in rec.form, (rec.form, rec)
 
 
 # ----------------------------------------------------------------------------------- kernels (interpreter)
@@ -268,7 +268,7 @@ def test_emitted_graph_takes_the_fp32_scale_and_drops_the_cast(m: int) -> None:
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = woq_int8.find(gm.graph)
-        src = rec.details["scale_cast"].source
+        src = rec.scale_cast.source
         assert _casts_of(gm, src)
         new = triton_int8.emit_woq_int8(gm.graph, rec)
         rec.output.replace_all_uses_with(new)

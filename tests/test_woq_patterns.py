@@ -286,7 +286,8 @@ def _facts(rec: QuantLinear) -> dict:
         kn=(rec.k, rec.n),
         nd=rec.out_shape is not None,
         form=rec.form.split("+", 1)[1],
-        details=rec.details,
+        scale_site=rec.scale_site,
+        scale_cast=rec.scale_cast,
     )
 
 

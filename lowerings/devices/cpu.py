@@ -394,7 +394,7 @@ def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
         return "oneDNN is not available"
     aq = rec.act_quant
     assert aq is not None
-    if aq.details.get("zero_point") is not None or aq.details.get("weight_zero_point") is not None:
+    if aq.zero_point is not None or rec.weight_zero_point is not None:
         return "zero points (the _int_mm lowerings compensate them)"
     if is_static(rec.m) and int(rec.m) < CPU_U8_MIN_M:
         return f"M={int(rec.m)} < {CPU_U8_MIN_M}: the _int_mm GEMV path is faster"

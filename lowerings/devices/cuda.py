@@ -91,7 +91,8 @@ def supports_scaled_mm(rec: QuantLinear) -> str | None:
     aq = rec.act_quant
     if aq is None:
         return "weight-only MX: _scaled_mm needs both operands MX-quantized"
-    a_elem, w_elem = aq.details["elem"], rec.details["w_elem"]
+    assert aq.mx is not None and rec.weight_mx is not None
+    a_elem, w_elem = aq.mx.elem, rec.weight_mx.elem
     if a_elem != w_elem or a_elem not in ("e4m3", "e2m1"):
         return f"_scaled_mm takes MXFP8 e4m3 x e4m3 or MXFP4 x MXFP4, not {a_elem} x {w_elem}"
     if rec.n % 16 or rec.k % 32:
@@ -186,7 +187,7 @@ def _dynamic_int8_correct(rec: QuantLinear) -> str | None:
     aq = rec.act_quant
     if aq is None or aq.scheme not in ("per_token_symmetric", "per_tensor_symmetric"):
         return f"activation quantization {aq.scheme if aq else None} (the kernel takes symmetric int8)"
-    if aq.details.get("weight_zero_point") is not None:
+    if rec.weight_zero_point is not None:
         return "weight has a zero point"
     xqv = tensor_val(aq.x_q)
     if xqv is None or xqv.dtype != torch.int8 or not _is_int8_2d(rec.weight):
@@ -268,7 +269,7 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     )
 
     if rec.act_quant is None:
-        if bf16_decodes(rec.compute_dtype, ELEM_CODE[rec.details["w_elem"]]):
+        if bf16_decodes(rec.compute_dtype, ELEM_CODE[rec.weight_mx.elem]):
             return None  # MXFP4 with bf16 x: `mx_bf16` at every M (its dequantize + cuBLAS above M = 64)
         if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
             return (

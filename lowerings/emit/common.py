@@ -15,7 +15,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from qlower.patterns.graph_utils import MUL_OPS, aten, is_call, is_static, prims, tensor_val
-from qlower.patterns.record import QuantLinear
+from qlower.patterns.record import QuantLinear, ScaleSite
 
 
 class Emitter:
@@ -132,11 +132,8 @@ def scale_multiply(rec: QuantLinear) -> tuple[fx.Node, Any] | None:
 def scale_on_weight(rec: QuantLinear) -> bool:
     """Whether the graph multiplies the scale into the weight (`w.to(dtype) * s`) rather than into the matmul
     result: then the scaled, rounded weight is what the user computed, overflow to inf included. The
-    recognizer proved where the scale sits (`details["scale_site"]`); records from elsewhere say it in `form`."""
-    site = rec.details.get("scale_site")
-    if site is not None:
-        return site == "weight"
-    return rec.weight_scale is not None and "weight_scale" in rec.form.split("+")
+    recognizer proved where the scale sits (`QuantLinear.scale_site`)."""
+    return rec.weight_scale is not None and rec.scale_site is ScaleSite.WEIGHT
 
 
 def product_dtype(rec: QuantLinear) -> torch.dtype:

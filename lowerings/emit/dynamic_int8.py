@@ -84,8 +84,8 @@ def _compensate(
     """Subtract the zero-point terms from the int32 accumulator of `x_in @ w_nk.T`, where x_in = x_q + shift
     (shift 128: the u8s8 form): (x_in - zx - shift) @ (w - zw).T. No-op for symmetric records, shift 0."""
     assert rec.act_quant is not None
-    zx = rec.act_quant.details.get("zero_point")
-    zw = rec.act_quant.details.get("weight_zero_point")
+    zx = rec.act_quant.zero_point
+    zw = rec.weight_zero_point
     i32 = torch.int32
     if zx is not None:
         zx = _per_row(em, zx, i32)

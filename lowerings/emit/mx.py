@@ -221,21 +221,21 @@ def dequant(
 
 
 def weight_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
-    d = rec.details
+    d = rec.weight_mx
+    assert d is not None
     return dequant(
-        em, rec.weight, rec.weight_layout, d["w_elem"], rec.weight_scale, d["w_scale_layout"],
-        d["w_scale_codes"], d["w_scale_assoc"], rec.n, rec.k, dtype, rec.device,
-        d.get("w_nibbles", "low_first"), d.get("w_scale_special"), d.get("w_table"),
+        em, rec.weight, rec.weight_layout, d.elem, rec.weight_scale, d.scale_layout, d.scale_codes,
+        d.scale_assoc, rec.n, rec.k, dtype, rec.device, d.nibbles, d.scale_special, d.table,
     )  # fmt: skip
 
 
 def act_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
     aq = rec.act_quant
-    assert aq is not None
-    d = aq.details
+    assert aq is not None and aq.mx is not None
+    d = aq.mx
     return dequant(
-        em, aq.x_q, "NK", d["elem"], aq.x_scale, d["scale_layout"], d["scale_codes"], d["scale_assoc"],
-        rec.m, rec.k, dtype, rec.device, d.get("nibbles", "low_first"), d.get("scale_special"),
+        em, aq.x_q, "NK", d.elem, aq.x_scale, d.scale_layout, d.scale_codes, d.scale_assoc,
+        rec.m, rec.k, dtype, rec.device, d.nibbles, d.scale_special,
     )  # fmt: skip
 
 
@@ -244,10 +244,11 @@ def spec_layout_blocker(rec: QuantLinear) -> str | None:
     the low nibble) cannot take `rec`; the emulation (`dequant`) decodes any record."""
     if rec.k % fmt.BLOCK:
         return f"K={rec.k} ends in a partial MX block (K % {fmt.BLOCK} = {rec.k % fmt.BLOCK}): emulation only"
-    if rec.details.get("w_table") is not None:
+    w, aq = rec.weight_mx, rec.act_quant
+    assert w is not None
+    if w.table is not None:
         return "fp4 values gathered from a table the module holds (read at run time): emulation only"
-    aq = rec.act_quant
-    if "high_first" in (rec.details.get("w_nibbles"), aq.details.get("nibbles") if aq else None):
+    if "high_first" in (w.nibbles, aq.mx.nibbles if aq is not None and aq.mx is not None else None):
         return "fp4 packed with the even element in the high nibble: emulation only"
     return None
 
@@ -344,17 +345,15 @@ def emit_scaled_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     aq = rec.act_quant
     assert aq is not None
     em = Emitter(graph, rec.output)
-    d, cols = rec.details, rec.k // fmt.BLOCK
-    elem = d["w_elem"]
+    d, ad, cols = rec.weight_mx, aq.mx, rec.k // fmt.BLOCK
+    assert d is not None and ad is not None
+    elem = d.elem
     mm_dtype = torch.float4_e2m1fn_x2 if fmt.packed(elem) else fmt.FP8_DTYPE[elem]
     a = em.contiguous(em.call(aten.view.dtype, as_u8_view(em, aq.x_q), mm_dtype))
     w_nk = rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight)
     b = em.transpose(em.contiguous(em.call(aten.view.dtype, as_u8_view(em, w_nk), mm_dtype)))
-    ad = aq.details
-    sa = _swizzled_e8m0(em, aq.x_scale, ad["scale_layout"], ad["scale_codes"], ad["scale_assoc"], rec.m, cols)
-    sb = _swizzled_e8m0(
-        em, rec.weight_scale, d["w_scale_layout"], d["w_scale_codes"], d["w_scale_assoc"], rec.n, cols
-    )
+    sa = _swizzled_e8m0(em, aq.x_scale, ad.scale_layout, ad.scale_codes, ad.scale_assoc, rec.m, cols)
+    sb = _swizzled_e8m0(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, rec.n, cols)
     core = em.call(aten._scaled_mm.default, a, b, sa, sb, None, None, rec.compute_dtype)
     return finish(em, rec, core)
 

@@ -13,7 +13,7 @@ from qlower.lowerings.emit.common import Emitter, finish, host_branches, product
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import emitting_under
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
-from qlower.patterns.record import QuantLinear, ScaleCast
+from qlower.patterns.record import QuantLinear
 
 
 def _weight_nk_view(em: Emitter, rec: QuantLinear) -> fx.Node:
@@ -38,8 +38,8 @@ def _absorbed_scale(em: Emitter, rec: QuantLinear) -> fx.Node | None:
     """The fp32 tensor the graph rounds to x's dtype as this linear's scale (`patterns.record.ScaleCast`),
     flattened as a view, for a kernel that rounds it itself (`round_scale`): the graph's cast then has no
     user left and is erased with the record's nodes. None where the record has no such cast."""
-    cast = rec.details.get("scale_cast")
-    if not isinstance(cast, ScaleCast) or cast.dtype != rec.compute_dtype:
+    cast = rec.scale_cast
+    if cast is None or cast.dtype != rec.compute_dtype:
         return None
     numel = tensor_val(rec.weight_scale).numel()
     return em.reshape(cast.source, [int(numel)])

@@ -43,27 +43,25 @@ def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 
     em = Emitter(graph, rec.output)
     cols = rec.k // 32
-    d = rec.details
+    d = rec.weight_mx
+    assert d is not None
     w = as_u8_view(em, rec.weight if rec.weight_layout == "NK" else em.transpose(rec.weight))
-    ws, w_swz = scale_codes(
-        em, rec.weight_scale, d["w_scale_layout"], d["w_scale_codes"], d["w_scale_assoc"], cols
-    )
-    w_sp = special_bits(d.get("w_scale_special"))
+    ws, w_swz = scale_codes(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, cols)
+    w_sp = special_bits(d.scale_special)
     aq = rec.act_quant
     if aq is None:
         a, a_fmt, a_swz, a_sp, tensors = rec.x, 0, False, 0, [rec.x]
     else:
-        ad = aq.details
-        a_sp = special_bits(ad.get("scale_special"))
-        a, a_fmt = as_u8_view(em, aq.x_q), _elem_code(ad["elem"])
-        xs, a_swz = scale_codes(
-            em, aq.x_scale, ad["scale_layout"], ad["scale_codes"], ad["scale_assoc"], cols
-        )
+        ad = aq.mx
+        assert ad is not None
+        a_sp = special_bits(ad.scale_special)
+        a, a_fmt = as_u8_view(em, aq.x_q), _elem_code(ad.elem)
+        xs, a_swz = scale_codes(em, aq.x_scale, ad.scale_layout, ad.scale_codes, ad.scale_assoc, cols)
         tensors = [a, xs]
     bv = tensor_val(rec.bias)
     bias = rec.bias if bv is not None and known_eq(bv.numel(), rec.n) else None
     tensors += [w, ws] + ([bias] if bias is not None else [])
-    w_fmt, out_dtype, has_xs = _elem_code(d["w_elem"]), rec.compute_dtype, aq is not None
+    w_fmt, out_dtype, has_xs = _elem_code(d.elem), rec.compute_dtype, aq is not None
     host_branch = host_branches(rec)
 
     def call(*ts: torch.Tensor) -> torch.Tensor:
