@@ -500,9 +500,8 @@ def _rescaled(
     m, k, n = base["shape"]
     shift = -x_op.zero_point if x_op.via == "u8" else None  # type: ignore[operator]
     need_row, need_col = x_op.scale is None and bias is None, w_op.scale is None and bias is None
-    ep = walk_epilogue(mm, m, n, _absorber(mm, w_operand, shift, need_row, need_col))
-    if bias is not None:
-        ep.bias = bias
+    # the walk starts with the addmm's bias: a per-channel add after it stays in the graph (not a second bias)
+    ep = walk_epilogue(mm, m, n, _absorber(mm, w_operand, shift, need_row, need_col), Epilogue(bias=bias))
     x_scale = x_op.scale if x_op.scale is not None else ep.row_scale
     w_scale = w_op.scale if w_op.scale is not None else ep.col_scale
     if x_scale is None:

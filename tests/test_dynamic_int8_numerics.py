@@ -149,6 +149,23 @@ def test_cuda_dynamic_m_custom_op_numerics(cuda_rules_on_cpu):
     assert len(texts) == 1 and "int8_mm_min_m" in texts[0]
 
 
+def test_add_after_an_addmm_bias_stays():
+    """`F.linear(x_deq, w_deq, b1) + b2`: the addmm's b1 is the record's bias and the add of b2 after it stays
+    in the graph, applied to the lowered value (it was once consumed as a second bias and dropped)."""
+    torch.manual_seed(0)
+    wq, ws = torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N) * 0.01
+    b1, b2 = torch.randn(N), torch.randn(N) * 10
+
+    def f(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+        x, w = xq.to(torch.float32) * xs, wq.to(torch.float32) * ws[:, None]
+        return torch.nn.functional.linear(x, w, b1) + b2
+
+    xq, xs = torch.randint(-127, 128, (4, K), dtype=torch.int8), torch.rand(4, 1) * 0.01
+    out, report = rewrite_and_run(f, xq, xs, families=FAMILY)
+    assert [d.form for d in report] == ["dequant_mm+bias"] and report.entries[0].lowered, report.table()
+    torch.testing.assert_close(out, f(xq, xs), rtol=1e-4, atol=1e-3)
+
+
 def test_cpu_m_zero():
     model = IntMMDivide(K, N)
     out, report = rewrite_and_run(model, _x(0), families=FAMILY)
