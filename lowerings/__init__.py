@@ -1,8 +1,12 @@
-"""Per-device lowerings and the registry that ranks them. Device knowledge lives here, not in patterns/."""
+"""Per-device lowerings and the registry that ranks them. Device knowledge lives here, not in patterns/.
+
+Importing this package registers no backend and loads no device, emitter or kernel module: the built-in
+backends (and with them qlower's torch ops) load at the registry's first use (`registry.py`).
+"""
 
 from __future__ import annotations
 
-from qlower.lowerings.devices import cpu, cuda, xpu
+from qlower.lowerings import registry
 from qlower.lowerings.errors import QLowerError, UnsupportedPlatformError
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import (
@@ -11,6 +15,7 @@ from qlower.lowerings.registry import (
     Lowering,
     backends,
     choose,
+    ensure_builtin_backends,
     fingerprint,
     register_backend,
     unregister_backend,
@@ -18,13 +23,15 @@ from qlower.lowerings.registry import (
 
 
 def register_builtin_backends() -> None:
-    """(Re)register the in-tree backends: cpu, cuda, xpu."""
+    """(Re)register the in-tree backends: cpu, cuda, xpu (their lowerings ahead of any registered since)."""
+    from qlower.lowerings.devices import cpu, cuda, xpu
+
     cpu.register()
     cuda.register()
     xpu.register()
 
 
-register_builtin_backends()
+registry.builtins_on_first_use(register_builtin_backends)
 
 __all__ = [
     "Backend",
@@ -35,6 +42,7 @@ __all__ = [
     "UnsupportedPlatformError",
     "backends",
     "choose",
+    "ensure_builtin_backends",
     "fingerprint",
     "register_backend",
     "register_builtin_backends",

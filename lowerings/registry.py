@@ -2,6 +2,13 @@
 
 Device knowledge lives here and in the per-device modules, never in `patterns/`. A backend that qlower does
 not ship (XPU variants, Trainium, any PrivateUse1 device) plugs in with one `register_backend` call.
+
+Importing this module registers nothing. qlower's built-in backends (cpu, cuda, xpu: `qlower.lowerings`
+hands their loader to `builtins_on_first_use`) are registered at the registry's first use, whichever function
+that is: a lookup (`choose`, `backends`, `fingerprint`, `decision_env`) or a change (`register_backend`,
+`unregister_backend`). So a plugin registered before any compile still ranks ahead of the built-in lowerings,
+and `replace=True` or `unregister_backend` still drops them, exactly as when the built-ins loaded at import
+(tests/test_registry.py, tests/test_layout.py::test_registry_registers_nothing_until_first_use).
 """
 
 from __future__ import annotations
@@ -69,6 +76,37 @@ class Choice:
 _LOCK = threading.Lock()
 _BACKENDS: dict[str, Backend] = {}
 
+# The built-in backends' loader and whether it has run. Re-entrant: the loader registers through
+# `register_backend`, which asks for the built-ins first; another thread waits until they are in.
+_BUILTINS_LOCK = threading.RLock()
+_builtin_loader: Callable[[], None] | None = None
+_builtins_state = "pending"  # "pending" -> "loading" -> "loaded"
+
+
+def builtins_on_first_use(loader: Callable[[], None]) -> None:
+    """Register qlower's built-in backends with `loader()` at the registry's first use (`qlower.lowerings`
+    passes it; the registry imports no device module)."""
+    global _builtin_loader
+    with _BUILTINS_LOCK:
+        _builtin_loader = loader
+
+
+def ensure_builtin_backends() -> None:
+    """Register the built-in backends now if no use of the registry has yet (idempotent, thread-safe)."""
+    global _builtins_state
+    if _builtins_state == "loaded":
+        return
+    with _BUILTINS_LOCK:
+        if _builtins_state != "pending" or _builtin_loader is None:  # loaded, or this thread is loading them
+            return
+        _builtins_state = "loading"
+        try:
+            _builtin_loader()
+        except BaseException:
+            _builtins_state = "pending"  # the next use tries again, and raises again
+            raise
+        _builtins_state = "loaded"
+
 
 def register_backend(
     device_type: str,
@@ -89,6 +127,7 @@ def register_backend(
     for lowering in lowerings:
         if not isinstance(lowering, Lowering):
             raise TypeError(f"register_backend: expected qlower.Lowering, got {type(lowering).__name__}")
+    ensure_builtin_backends()  # a plugin's lowerings rank ahead of the built-ins, as they always have
     with _LOCK:
         old = _BACKENDS.get(device_type)
         keep = [] if (old is None or replace) else old.lowerings
@@ -100,17 +139,20 @@ def register_backend(
 
 
 def unregister_backend(device_type: str) -> None:
+    ensure_builtin_backends()
     with _LOCK:
         _BACKENDS.pop(device_type, None)
 
 
 def backends() -> dict[str, Backend]:
+    ensure_builtin_backends()
     with _LOCK:
         return dict(_BACKENDS)
 
 
 def fingerprint() -> str:
     """A stable text of every registered lowering: part of the pass's cache key."""
+    ensure_builtin_backends()
     with _LOCK:
         return ";".join(
             f"{dev}:" + ",".join(f"{lw.family}/{lw.name}/{lw.kind.value}" for lw in b.lowerings)
@@ -120,6 +162,7 @@ def fingerprint() -> str:
 
 def decision_env() -> tuple[str, ...]:
     """Every environment variable a registered backend's rules read (sorted, each once)."""
+    ensure_builtin_backends()
     with _LOCK:
         return tuple(sorted({v for b in _BACKENDS.values() for v in b.env}))
 

@@ -2,22 +2,17 @@
 
 model = torch.compile(model, options=qlower.inductor_options())
 print(qlower.last_report())
+
+Importing qlower loads none of its rooms: each public name loads its module at first use (PEP 562), so
+`import qlower.patterns` loads the ground floor alone (tests/test_layout.py). qlower's built-in backends, and
+with them its torch ops (`torch.ops.qlower.*`), load at the registry's first use: a compile with
+`inductor_options()`, `register_backend`, or `load_ops()` for a process that only runs what qlower compiled.
 """
 
 from __future__ import annotations
 
-from qlower.cpu_memory import keep_freed_cpu_memory
-from qlower.lowerings import (
-    KernelPreference,
-    Lowering,
-    QLowerError,
-    UnsupportedPlatformError,
-    register_backend,
-    unregister_backend,
-)
-from qlower.options import inductor_options
-from qlower.passes import Decision, QLowerPass, Report, all_reports, clear_reports, last_report
-from qlower.patterns import FAMILIES, QuantLinear, Rejection
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -37,6 +32,71 @@ __all__ = [
     "inductor_options",
     "keep_freed_cpu_memory",
     "last_report",
+    "load_ops",
     "register_backend",
     "unregister_backend",
 ]
+
+# Where each public name lives (loaded on first access), and the submodules `import qlower` used to bind.
+_HOMES = {
+    "FAMILIES": "qlower.patterns",
+    "QuantLinear": "qlower.patterns",
+    "Rejection": "qlower.patterns",
+    "KernelPreference": "qlower.lowerings",
+    "Lowering": "qlower.lowerings",
+    "QLowerError": "qlower.lowerings",
+    "UnsupportedPlatformError": "qlower.lowerings",
+    "register_backend": "qlower.lowerings",
+    "unregister_backend": "qlower.lowerings",
+    "Decision": "qlower.passes",
+    "QLowerPass": "qlower.passes",
+    "Report": "qlower.passes",
+    "all_reports": "qlower.passes",
+    "clear_reports": "qlower.passes",
+    "last_report": "qlower.passes",
+    "inductor_options": "qlower.options",
+    "keep_freed_cpu_memory": "qlower.cpu_memory",
+}
+_SUBMODULES = ("cpu_memory", "lowerings", "options", "passes", "patterns")
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})
+
+
+def load_ops() -> None:
+    """Register qlower's torch ops (`torch.ops.qlower.*`) and its built-in backends in this process (once).
+
+    A compile with `inductor_options()` does this by itself. A process that only runs what qlower compiled
+    calls it first: one that loads an AOTInductor package whose C shims call qlower's ops (docs/aoti.md), or
+    code that calls `torch.ops.qlower.*` directly."""
+    from qlower.lowerings import ensure_builtin_backends
+
+    ensure_builtin_backends()
+
+
+if TYPE_CHECKING:  # what static type checkers see; at run time `__getattr__` loads each name on first use
+    from qlower.cpu_memory import keep_freed_cpu_memory
+    from qlower.lowerings import (
+        KernelPreference,
+        Lowering,
+        QLowerError,
+        UnsupportedPlatformError,
+        register_backend,
+        unregister_backend,
+    )
+    from qlower.options import inductor_options
+    from qlower.passes import Decision, QLowerPass, Report, all_reports, clear_reports, last_report
+    from qlower.patterns import FAMILIES, QuantLinear, Rejection

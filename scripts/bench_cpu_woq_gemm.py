@@ -23,7 +23,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import qlower  # noqa: F401  (registers torch.ops.qlower.*)
+import qlower
+
+qlower.load_ops()  # registers torch.ops.qlower.*
 
 BF16 = torch.bfloat16
 PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # lowerings/devices/cpu.py: WOQ_GEMM_PATH_ENV

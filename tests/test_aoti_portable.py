@@ -4,10 +4,10 @@ Two packages (woq-int8, dynamic batch: one wrapper calls `aoti_torch_cpu_woq_int
 `aoti_torch_cpu_woq_int8_gemm`, whose kernel is compiled into the package) are exported with a private qlower
 cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
 then runs in a fresh process, in that folder, with `QLOWER_CACHE_DIR` pointing at a new empty directory:
-- with `import qlower` (its Python kernels serve the ops);
+- with qlower's Python (`qlower.load_ops()`: its Python kernels serve the ops);
 - without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the recipe in docs/aoti.md).
 Both match eager at M = 1 and M = 300 (the by-M op's packed kernel and dequant + GEMM). Two AOTI compiles
-on CPU; on CUDA (gpu) one per family, loaded with `import qlower`.
+on CPU; on CUDA (gpu) one per family, loaded with `qlower.load_ops()`.
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ def test_the_package_calls_qlower_through_its_c_shim(moved):
 
 _WITH_QLOWER = """
 import sys, torch, qlower
+qlower.load_ops()
 runner = torch._inductor.aoti_load_package("model.pt2")
 with torch.no_grad():
     torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])

@@ -15,6 +15,7 @@ import torch
 import torch.utils.cpp_extension as cpp_extension
 from torch import fx
 
+import qlower
 from qlower.lowerings.aoti import abi_lock, build, cli, codegen, runtime
 from qlower.lowerings.aoti import shim_ops as ops
 
@@ -218,6 +219,7 @@ def test_cpu_library_is_built_from_the_cli_output(tmp_path):
 
 
 def _graph_calling_mx_bytes() -> fx.Graph:
+    qlower.load_ops()  # qlower::mx_bytes
     graph = fx.Graph()
     x = graph.placeholder("x")
     x.meta["val"] = torch.zeros(4, dtype=torch.uint8)

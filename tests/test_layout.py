@@ -1,10 +1,17 @@
 """The house rules of the layout (README "Layout"), checked on the sources: which room may import which, and no
-import cycles among module-level imports."""
+import cycles among module-level imports; and in fresh processes, what importing a room loads and registers."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+
+import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = {
@@ -139,3 +146,103 @@ def _is_face_attr(name: str, face: set[str]) -> bool:
     """`from qlower.tuning import gemv` lists qlower.tuning.gemv: a name of a face module."""
     parent = name.rsplit(".", 1)[0]
     return parent in face
+
+
+def test_face_imports_no_room_at_module_level():
+    """qlower/__init__.py binds its public names on first use (PEP 562): importing it imports no room."""
+    assert not _imports(ROOT / "qlower" / "__init__.py", top_level_only=True)
+
+
+def _run_fresh(script: str) -> list[str]:
+    """Run `script` in a fresh interpreter; the qlower modules it left loaded."""
+    tail = (
+        "\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'qlower')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script) + tail],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        cwd=ROOT / "tests",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", ["qlower", "qlower.patterns", "qlower.patterns.record"])
+def test_ground_floor_imports_alone(module):
+    """Importing the face or the ground floor loads nothing of the other rooms: no lowering, pass, kernel or
+    face module (and so registers no backend, no torch op and no Inductor work-around)."""
+    loaded = _run_fresh(f"import {module}")
+    assert loaded and all(m == "qlower" or m.startswith("qlower.patterns") for m in loaded), loaded
+    if module == "qlower":
+        assert loaded == ["qlower"]
+
+
+def test_face_names_resolve_on_first_use():
+    loaded = _run_fresh(
+        """
+        import qlower
+        assert set(qlower.__all__) <= set(dir(qlower)), set(qlower.__all__) - set(dir(qlower))
+        from qlower import QuantLinear, inductor_options, register_backend  # noqa: F401
+        assert qlower.QuantLinear is QuantLinear and qlower.patterns.QuantLinear is QuantLinear
+        assert all(getattr(qlower, name) is not None for name in qlower.__all__)
+        try:
+            qlower.no_such_name
+        except AttributeError as e:
+            assert "no_such_name" in str(e)
+        else:
+            raise AssertionError("qlower.no_such_name resolved")
+        """
+    )
+    assert {"qlower.options", "qlower.passes", "qlower.lowerings"} <= set(loaded)
+
+
+_REGISTRY_FIRST_USE = """
+    import json, sys
+    from qlower.lowerings import KernelPreference, Lowering, registry
+
+    assert not registry._BACKENDS, registry._BACKENDS  # importing the registry registers nothing
+    rooms = ("qlower.lowerings.devices", "qlower.lowerings.emit", "qlower.lowerings.kernels")
+    assert not [m for m in sys.modules if m.startswith(rooms)]
+    plugin = Lowering("plugin.first", "woq_int8", KernelPreference.EMULATED, lambda r: None, lambda g, r: None)
+    FIRST_USE
+    print(json.dumps({dev: [lw.name for lw in b.lowerings] for dev, b in registry.backends().items()}))
+"""
+BUILTIN_CPU_FIRST = "aten._weight_int8pack_mm"
+
+
+@pytest.mark.parametrize(
+    "first_use, devices, cpu_head",
+    [
+        ("registry.backends()", ["cpu", "cuda", "xpu"], [BUILTIN_CPU_FIRST]),
+        (
+            'registry.register_backend("cpu", [plugin])',
+            ["cpu", "cuda", "xpu"],
+            ["plugin.first", BUILTIN_CPU_FIRST],
+        ),
+        (
+            'registry.register_backend("cpu", [plugin], replace=True)',
+            ["cpu", "cuda", "xpu"],
+            ["plugin.first"],
+        ),
+        ('registry.unregister_backend("xpu")', ["cpu", "cuda"], [BUILTIN_CPU_FIRST]),
+    ],
+    ids=["lookup", "register", "replace", "unregister"],
+)
+def test_registry_registers_nothing_until_first_use(first_use, devices, cpu_head):
+    """The built-in backends load at the registry's first use, whichever call it is, so a plugin registered
+    before any compile ranks ahead of them, `replace=True` drops them and `unregister_backend` keeps them out,
+    exactly as when they loaded at import."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_REGISTRY_FIRST_USE.replace("FIRST_USE", first_use))],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        cwd=ROOT / "tests",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    registered = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(registered) == devices
+    cpu = registered["cpu"]
+    assert cpu[: len(cpu_head)] == cpu_head and (len(cpu) == 1) == (cpu_head == ["plugin.first"]), cpu

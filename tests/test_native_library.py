@@ -2,7 +2,8 @@
 
 Every library qlower builds registers through a gate (lowerings/kernels/cpp_build.py, `_GATE_HEADER`): where
 its operators exist already it registers nothing, warns, and keeps the reason, which `torch.ops.load_library`
-raises as `LibraryConflictError` once qlower is imported (lowerings/kernels/native.py). Each case runs in a
+raises as `LibraryConflictError` once qlower's ops are registered (`qlower.load_ops()`, or a compile with
+qlower; lowerings/kernels/native.py). Each case runs in a
 subprocess: an ungated library aborts it (SIGABRT from a C++ exception thrown out of dlopen).
 """
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from conftest import SUBPROCESS_TIMEOUT_S
 
+import qlower
 from qlower.lowerings.aoti import build
 from qlower.lowerings.kernels import cpp_build, native
 
@@ -52,11 +54,13 @@ def ops_library() -> Path:
 
 
 def test_ops_library_after_import_qlower_raises(ops_library, tmp_path):
-    """The issue's flow: `import qlower`, then the ops library. A Python error, and qlower's ops still run."""
+    """The issue's flow: qlower's ops (`qlower.load_ops()`), then the ops library. A Python error, and qlower's
+    ops still run."""
     script = (
         textwrap.dedent(
             """
         import sys, torch, qlower
+        qlower.load_ops()
         from qlower.lowerings.kernels.native import LibraryConflictError
         try:
             torch.ops.load_library(sys.argv[1])
@@ -106,11 +110,13 @@ def test_ops_library_copy_at_another_path_is_refused(ops_library, tmp_path):
 
 
 def test_import_qlower_after_the_ops_library_is_a_python_error(ops_library, tmp_path):
-    """The other order: `import qlower` raises torch's RuntimeError, which names the library, never aborts."""
+    """The other order: registering qlower's ops raises torch's RuntimeError, which names the library, never
+    aborts."""
     script = """
         import sys, torch
         torch.ops.load_library(sys.argv[1])
         import qlower
+        qlower.load_ops()
         """
     proc = _run(script, str(ops_library), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -149,7 +155,8 @@ def test_second_copy_of_the_native_library_raises(tmp_path):
 
 def test_other_libraries_load_as_before():
     """The check reads qlower's gate only: a library without one loads and raises nothing."""
-    assert getattr(torch.ops.load_library, "qlower_checked", False)  # installed by `import qlower`
+    qlower.load_ops()
+    assert getattr(torch.ops.load_library, "qlower_checked", False)  # installed with qlower's ops
     other = Path(torch.__file__).parent / "lib" / "libtorch_global_deps.so"
     torch.ops.load_library(str(other))
     assert native.registration_error(str(other)) is None

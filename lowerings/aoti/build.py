@@ -4,8 +4,8 @@
   static archive `libqlower_aoti_shims_<device>.a`. AOTInductor links the archive into each package's own
   wrapper (`aot_inductor.custom_op_libs`, symbols hidden), so a package depends on no qlower file and loads
   wherever it is copied (tests/test_aoti_portable.py). The shims call the dispatcher: they work in any
-  process where qlower's ops are registered, by qlower's Python (`import qlower`) or by the ops library below;
-  except those of the ops with a C++ kernel of qlower's own (cpp_build.DIRECT_KERNELS), which call the
+  process where qlower's ops are registered, by qlower's Python (`qlower.load_ops()`) or by the ops library
+  below; except those of the ops with a C++ kernel of qlower's own (cpp_build.DIRECT_KERNELS), which call the
   kernel compiled into the library, so the package needs no registration (and no build) for them.
 - the ops library `libqlower_ops.so`: qlower's ops in C++ for processes without qlower's Python (C++
   deployments; `python -m qlower ops-library --out DIR` copies it out). Its schemas are generated from the

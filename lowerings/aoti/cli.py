@@ -62,7 +62,7 @@ def run_ops_library(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / lib.path.name
     shutil.copyfile(lib.path, target)
-    print(f"wrote {target} (for torch {torch.__version__}; never load it next to `import qlower`)")
+    print(f"wrote {target} (for torch {torch.__version__}; never load it next to qlower's Python ops)")
     return 0
 
 

@@ -90,13 +90,16 @@ def op_from_name(qualified: str) -> ShimOp:
 
 
 def qlower_ops() -> list[ShimOp]:
-    """qlower's own operators currently registered (importing qlower registers them), except triton_ops
-    (qlower emits those already decomposed into Triton kernel calls, which Inductor compiles into the package)
-    and the ops whose lowerings refuse AOTInductor compiles (`custom_ops.PYTHON_RUNTIME_ONLY`)."""
+    """qlower's own operators currently registered (the built-in backends register them at the registry's
+    first use), except triton_ops (qlower emits those already decomposed into Triton kernel calls, which
+    Inductor compiles into the package) and the ops whose lowerings refuse AOTInductor compiles
+    (`custom_ops.PYTHON_RUNTIME_ONLY`)."""
     from torch._library.triton import triton_ops_to_kernels
 
-    import qlower.lowerings  # noqa: F401  (registers the backends, their lowerings and custom ops)
     from qlower.lowerings.kernels.custom_ops import PYTHON_RUNTIME_ONLY
+    from qlower.lowerings.registry import ensure_builtin_backends
+
+    ensure_builtin_backends()  # the backends, their lowerings and custom ops
 
     names = sorted(
         n

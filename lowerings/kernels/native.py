@@ -9,8 +9,8 @@ and in `qlower` only the CPU kernel of `qlower::woq_int8_gemm`, whose schema qlo
 
 Every library qlower builds registers through a gate (cpp_build.py, `_GATE_HEADER`): loaded where its operators
 are already registered, it registers nothing and keeps the reason, where an ungated library would abort the
-process. `load_library` turns that reason into `LibraryConflictError`; `import qlower` makes
-`torch.ops.load_library` do the same (`check_library_loads`), so `import qlower` and then
+process. `load_library` turns that reason into `LibraryConflictError`; registering qlower's ops makes
+`torch.ops.load_library` do the same (`check_library_loads`), so `qlower.load_ops()` and then
 `torch.ops.load_library("libqlower_ops.so")` raises instead of running on silently (tests/test_native_library.py).
 """
 
