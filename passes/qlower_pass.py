@@ -161,9 +161,11 @@ class QLowerPass(CustomGraphPass):
     def uuid(self) -> str:
         """Cache key: qlower's sources, the options, the registered lowerings and the env that steers choices.
 
-        Inductor's caches ask for it in every compile that carries this pass, before a lookup that may skip
-        the pass: that opens the compile's report (passes/report.py `note_compile`)."""
-        reporting.note_compile()
+        A pure function of those: Inductor's caches ask for it in every compile that carries the pass, and a
+        pass manager (vLLM's) from the configuration alone, so it opens no report and changes nothing (the pass
+        opens its compile's report when it runs). Its one first-use effect is the registry's: the built-in
+        backends load if nothing has used the registry yet (lowerings/registry.py), and with them qlower's
+        ops, which a graph the caches serve calls without the pass having run."""
         h = hashlib.sha256(get_hash_for_files(_source_files()))
         env = tuple((name, os.environ.get(name)) for name in (*PASS_ENV, *decision_env()))
         h.update(repr((self.families, self.preference.value, fingerprint(), env)).encode())

@@ -3,7 +3,8 @@
 `QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO. `QLOWER_DUMP_GRAPHS=DIR` writes every
 graph the pass receives, before any rewrite, to DIR/graph_<pid>_<n>.txt (one line per node with its dtype and
 shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
-One report per compile whose Inductor config carries qlower's pass (`note_compile`, `start_graph`).
+One report per compile in which qlower's pass runs (`start_graph`); a compile Inductor serves whole from its
+AOTAutograd cache never runs the pass and opens none (`QLowerPass.uuid`, the cache key, changes nothing).
 
 A row names the module its linear came from (`module`: the innermost entry of the `nn_module_stack` Dynamo
 keeps in each node's meta, as a qualified name such as `layers.3.mlp.down_proj`), prints a symbolic M as its
@@ -249,9 +250,11 @@ def shape_label(shape: Any) -> str:
 REASON_WIDTH = 80
 # What a report says when it holds no decisions for one of two reasons a user cannot see (tests/test_face.py).
 NO_COMPILE_YET = (
-    "no compile with qlower has run yet in this process. torch.compile compiles at the first call of the "
+    "qlower's pass has not run in this process yet. torch.compile compiles at the first call of the "
     "compiled callable; HF `generate` calls the model's own forward, so compile that "
-    "(`model.forward = torch.compile(model.forward, options=qlower.inductor_options())`, README)"
+    "(`model.forward = torch.compile(model.forward, options=qlower.inductor_options())`, README). A compile "
+    "Inductor serves whole from its cache does not run the pass either: see its decisions by recompiling "
+    "without the caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1), or set QLOWER_LOG=1 where it is first compiled"
 )
 SERVED_FROM_CACHE = (
     "qlower's pass did not run in this compile: Inductor served it whole from its cache, and the decisions "
@@ -279,8 +282,8 @@ class Report:
 
     compile_id: str | None
     entries: list[Decision] = field(default_factory=list)
-    # False when a compile that carried qlower's pass never ran it: Inductor served the graph whole from its
-    # AOTAutograd cache (decisions were made, and reported, when it was first compiled).
+    # True for every report a compile opens (the pass opens it when it runs); False marks a report built to say
+    # that a compile was served whole from Inductor's AOTAutograd cache (`SERVED_FROM_CACHE`).
     pass_ran: bool = True
     # False for the stand-in `last_report()` returns before any compile carrying qlower's pass opened one.
     opened: bool = True
@@ -366,9 +369,9 @@ class Report:
 
 _lock = threading.Lock()
 _reports: list[Report] = []
-# The report of each compile that carried qlower's pass, by the compile's TracingContext (one per Dynamo
-# compile; a lazily compiled backward runs under its forward's context again). Weak: a context is freed
-# with its compile.
+# The report of each compile that ran qlower's pass, by the compile's TracingContext (one per Dynamo compile;
+# a lazily compiled backward runs under its forward's context again). Weak: a context is freed with its
+# compile.
 _by_context: weakref.WeakKeyDictionary[object, Report] = weakref.WeakKeyDictionary()
 
 
@@ -388,25 +391,6 @@ def _append(report: Report) -> None:
     del _reports[:-64]
 
 
-def note_compile() -> None:
-    """A compile whose Inductor config carries qlower's pass asks for the pass's cache key: open its report.
-
-    The FX-graph and AOTAutograd caches key on `QLowerPass.uuid()` before they look up a graph, so a compile
-    they serve whole, which never runs the pass, still gets a report saying so (`pass_ran=False`). Compiles
-    without qlower's pass never get here (tests/test_report_and_errors.py::test_unrelated_compile_*), and a
-    lazy backward finds its forward's report open already
-    (tests/test_report_and_errors.py::test_report_after_backward_*).
-    """
-    cid, context = _current_compile()
-    if context is None:  # not inside a compile: the key asked for by hand
-        return
-    with _lock:
-        if context not in _by_context:
-            report = Report(cid, pass_ran=False)
-            _by_context[context] = report
-            _append(report)
-
-
 def start_graph() -> Report:
     """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
     cid, context = _current_compile()
@@ -417,7 +401,6 @@ def start_graph() -> Report:
             _append(report)
             if context is not None:
                 _by_context[context] = report
-        report.pass_ran = True
         _local.nodes = None  # until `dump_graph` notes the new graph's nodes
         return report
 
@@ -452,8 +435,8 @@ def add(report: Report, decision: Decision) -> None:
 
 
 def last_report() -> Report:
-    """The report of the most recent compile that carried qlower's pass (an empty one saying no compile has
-    run, if none has).
+    """The report of the most recent compile that ran qlower's pass (an empty one saying the pass has not run,
+    if it has not: `NO_COMPILE_YET`).
 
     Compiles without qlower's options leave it alone; a lazily compiled backward adds its rows, if the pass
     ran in it, to its forward's report instead of opening a new one."""
