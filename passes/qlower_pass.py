@@ -92,7 +92,7 @@ class QLowerPass(CustomGraphPass):
         if "mx" in self.families:
             legalize_e8m0(graph)  # what stays unlowered must still compile (no e8m0 type in C++ codegen)
         graph.lint()
-        aoti_runtime.prepare_compile(graph)  # AOTInductor: call qlower's ops through C shims
+        aoti_runtime.prepare_compile(graph)  # AOTInductor: this compile calls qlower's ops through C shims
 
     def _lower_family(
         self, graph: fx.Graph, family: str, report: reporting.Report, covered: set[fx.Node]

@@ -4,7 +4,9 @@ wheel's headers (which have no XPU dispatch headers)."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -233,22 +235,61 @@ def test_pass_declares_and_links_shims_only_in_cpp_wrapper_compiles_with_qlower_
     config = torch._inductor.config
     graph = _graph_calling_mx_bytes()
     global_shims = dict(config.aot_inductor.custom_ops_to_c_shims)
-    with config.patch(
-        cpp_wrapper=True
-    ):  # options not from qlower.inductor_options(): leave Inductor's config
-        runtime.prepare_compile(graph)
-        assert config.aot_inductor.custom_ops_to_c_shims == global_shims
     opts = runtime.config_entries()
-    with config.patch(opts):  # a Python-wrapper compile: nothing to link
-        runtime.prepare_compile(graph)
-    assert not opts["aot_inductor.custom_ops_to_c_shims"] and not opts["aot_inductor.custom_op_libs"]
+    with torch._guards.tracing(torch._guards.TracingContext(None)):  # one compile
+        with config.patch(
+            cpp_wrapper=True
+        ):  # options not from qlower.inductor_options(): leave Inductor's config
+            runtime.prepare_compile(graph)
+            assert config.aot_inductor.custom_ops_to_c_shims == global_shims
+        with config.patch(opts):  # a Python-wrapper compile: nothing to link
+            runtime.prepare_compile(graph)
+            assert not config.aot_inductor.custom_ops_to_c_shims and not config.aot_inductor.custom_op_libs
+        with config.patch({**opts, "cpp_wrapper": True}):
+            runtime.prepare_compile(graph)
+            shims, libs = config.aot_inductor.custom_ops_to_c_shims, config.aot_inductor.custom_op_libs
+            (decls,) = [d for op, d in shims.items() if op.name() == "qlower::mx_bytes"]
+            assert decls == [
+                "AOTITorchError aoti_torch_cpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)"
+            ]
+            (lib,) = libs
+            # linked statically, its symbols hidden: the package needs no qlower file (tests/test_aoti_portable.py)
+            assert lib.startswith(":libqlower_aoti_shims_cpu.a -L") and "-Wl,--exclude-libs," in lib
+            # what Inductor reads, copies and hashes for its cache key: the compile's shims
+            assert pickle.loads(pickle.dumps(libs)) == [lib] and copy.copy(libs) == [lib] and [*libs] == [lib]
+            assert shims.__reduce_ex__(pickle.DEFAULT_PROTOCOL) == (dict, (dict(shims.items()),))
+            assert op_named(copy.copy(shims), "qlower::mx_bytes") and [decls] == [
+                d for d in shims.values() if d == decls
+            ]
+            assert ["-lfoo", *libs] == ["-lfoo", lib]
+    # the options hold what they were made with: the shims went with the compile, Inductor's config is unchanged
+    assert (
+        dict(opts["aot_inductor.custom_ops_to_c_shims"]) == {}
+        and list(opts["aot_inductor.custom_op_libs"]) == []
+    )
+    assert opts == runtime.config_entries()
     with config.patch({**opts, "cpp_wrapper": True}):
-        runtime.prepare_compile(graph)
-    (decls,) = [
-        d for op, d in opts["aot_inductor.custom_ops_to_c_shims"].items() if op.name() == "qlower::mx_bytes"
-    ]
-    assert decls == ["AOTITorchError aoti_torch_cpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)"]
-    (lib,) = opts["aot_inductor.custom_op_libs"]
-    # linked statically, its symbols hidden: the package needs no qlower file (tests/test_aoti_portable.py)
-    assert lib.startswith(":libqlower_aoti_shims_cpu.a -L") and "-Wl,--exclude-libs," in lib
+        assert not config.aot_inductor.custom_ops_to_c_shims and not config.aot_inductor.custom_op_libs
     assert config.aot_inductor.custom_ops_to_c_shims == global_shims
+
+
+def test_aot_compile_notes_go_with_the_compiles_own_copy_of_the_options():
+    """AOTInductor's compile runs without a TracingContext and deep-copies the options first: the notes live on
+    that copy, never on the options."""
+    config = torch._inductor.config
+    opts = runtime.config_entries()
+    compile_copy = copy.deepcopy(opts)  # what compile_fx_aot does
+    assert type(compile_copy["aot_inductor.custom_ops_to_c_shims"]) is runtime.CompileShims
+    assert torch._guards.TracingContext.try_get() is None
+    with config.patch({**compile_copy, "cpp_wrapper": True}):
+        runtime.prepare_compile(_graph_calling_mx_bytes())
+        assert op_named(config.aot_inductor.custom_ops_to_c_shims, "qlower::mx_bytes")
+        assert len(config.aot_inductor.custom_op_libs) == 1
+    assert compile_copy["aot_inductor.custom_ops_to_c_shims"].compile_notes is not None
+    assert opts["aot_inductor.custom_ops_to_c_shims"].compile_notes is None
+    with config.patch({**opts, "cpp_wrapper": True}):  # the options themselves, in another compile
+        assert not config.aot_inductor.custom_ops_to_c_shims and not config.aot_inductor.custom_op_libs
+
+
+def op_named(shims: dict, name: str) -> bool:
+    return any(op.name() == name for op in shims)
