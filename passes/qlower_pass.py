@@ -60,6 +60,9 @@ class QLowerPass(CustomGraphPass):
         # `FAMILIES`' order, not the caller's: a decision must not depend on the order of a set
         self.families = tuple(f for f in FAMILIES if f in families)
         self.preference = parse_preference(preference)
+        # Inductor work-arounds for any graph the pass is installed on: once per process, here where every
+        # pass is made (`qlower.inductor_options()`, or by hand), never per graph
+        inductor_fixes.apply_graph_fixes()
 
     def __repr__(self) -> str:
         return f"QLowerPass(families={self.families}, kernel_preference={self.preference})"
@@ -82,8 +85,6 @@ class QLowerPass(CustomGraphPass):
         report = reporting.start_graph()
         reporting.dump_graph(graph)
         canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
-        inductor_fixes.fix_int_mm_unit_strides()  # any `_int_mm` in this graph, lowered by qlower or not
-        inductor_fixes.fix_cpp_loop_split_sizes()  # fused groups of unequal loop sizes (MX backward)
         covered: set[fx.Node] = set()  # every node a decision of this graph is about
         for family in self.families:
             self._lower_family(graph, family, report, covered)

@@ -1,7 +1,8 @@
 """Work-arounds for Inductor bugs that qlower's emitted graphs would otherwise hit.
 
-Each fix is applied lazily, once, only when a lowering emits the op it concerns, and wraps (never replaces)
-Inductor's own lowering so behaviour for already-working inputs does not change.
+Each fix is applied once per process and wraps (never replaces) Inductor's own code, so behaviour for
+already-working inputs does not change: a fix for an op only qlower emits when a lowering first emits it, the
+fixes that concern any graph the pass is installed on (`apply_graph_fixes`) when a QLowerPass is made.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import functools
 import torch
 
 aten = torch.ops.aten
+
+
+def apply_graph_fixes() -> None:
+    """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: `_int_mm`'s
+    operand strides and the C++ loop split of fused groups of unequal loop sizes (MX backward). Idempotent;
+    QLowerPass calls it when it is made (`qlower.inductor_options()` makes one), not per graph."""
+    fix_int_mm_unit_strides()
+    fix_cpp_loop_split_sizes()
 
 
 @functools.cache
