@@ -197,7 +197,7 @@ def _is_stale(cand: QuantLinear | Rejection) -> bool:
 
 def _is_emitted_branch(graph: fx.Graph) -> bool:
     """A branch graph of a `torch.cond` qlower emitted: Inductor runs the joint passes on subgraphs a pass
-    created (lowerings/kernels/triton/inline.py marks them)."""
+    created (lowerings/emit/triton_inline.py marks them)."""
     module = graph.owning_module
     return module is not None and bool(module.meta.get(EMITTED_BRANCH))
 

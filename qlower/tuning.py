@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from qlower.lowerings.kernels.triton import configs as _configs
-from qlower.lowerings.kernels.triton import int8_ops as _int8_ops
-from qlower.lowerings.kernels.triton import mx_ops as _mx_ops
 from qlower.lowerings.kernels.triton import tuned as _tuned
+from qlower.lowerings.kernels.triton.int8 import ops as _int8_ops
+from qlower.lowerings.kernels.triton.mx import ops as _mx_ops
 
 # int8 kernels (woq_int8, dynamic_int8): config constructors, the tables, the rules, one-config launches
 gemv = _configs.gemv

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -93,6 +94,56 @@ def _only_submodules(path: Path) -> bool:
     return True
 
 
+def _names_from(path: Path, prefix: str) -> dict[str, list[str]]:
+    """{module under `prefix`: the names `path` takes from it}, lazy imports included."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == prefix or node.module.startswith(prefix + "."):
+                found.setdefault(node.module, []).extend(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == prefix or a.name.startswith(prefix + "."):
+                    found.setdefault(a.name, []).append("<module>")
+    return found
+
+
+EMITTER_NAME = re.compile(r"^(make_)?emit_\w+$")
+
+
+def test_devices_take_only_emitters_from_emit():
+    """devices/ holds "when", emit/ "how": a device module takes from emit/ the emitters its Lowerings
+    name (`emit_*`, `make_emit_*`) and nothing else, so no rule, blocker or crossover is read out of emit/
+    (the rules the backends share are devices/common.py's; the scale facts both sides read are
+    lowerings/scale_facts.py's)."""
+    bad = {}
+    for name, path in _modules().items():
+        if name.startswith("qlower.lowerings.devices"):
+            taken = _names_from(path, "qlower.lowerings.emit")
+            wrong = sorted(f"{m}.{n}" for m, ns in taken.items() for n in ns if not EMITTER_NAME.match(n))
+            if wrong:
+                bad[name] = wrong
+    assert not bad
+
+
+def test_emit_asks_no_device_rules():
+    """emit/ never imports devices/ (a lowering's emitter is chosen by the rules, never the other way), and
+    defines no rule of its own: no `supports*`, `prefer*` or `*_blocker` function."""
+    bad = {}
+    for name, path in _modules().items():
+        if not name.startswith("qlower.lowerings.emit"):
+            continue
+        wrong = sorted(m for m in _imports(path, False) if m.startswith("qlower.lowerings.devices"))
+        wrong += sorted(
+            f"def {node.name}"
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and re.match(r"^_?(supports|prefer)|.*_blocker$", node.name)
+        )
+        if wrong:
+            bad[name] = wrong
+    assert not bad
+
+
 def test_nothing_inside_imports_the_face():
     """passes/, patterns/, lowerings/ never import the root package or qlower/'s face modules."""
     mods = _modules()
@@ -103,6 +154,28 @@ def test_nothing_inside_imports_the_face():
         if not p.is_relative_to(ROOT / "qlower")
     }
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_kernels_import_no_emit_and_no_devices():
+    """Kernels are the bottom of lowerings/: nothing under qlower.lowerings.kernels imports emit/ (graph
+    editing) or devices/ (which kernel serves which device), lazy imports included. Within the Triton kernels,
+    the families' folders (int8/, mx/) import each other's modules nowhere: what both use is at the top."""
+    mods = _modules()
+    banned = ("qlower.lowerings.emit", "qlower.lowerings.devices")
+    bad = {
+        name: sorted(m for m in _imports(p, False) if any(m == b or m.startswith(b + ".") for b in banned))
+        for name, p in mods.items()
+        if name.startswith("qlower.lowerings.kernels")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+    fams = ("qlower.lowerings.kernels.triton.int8", "qlower.lowerings.kernels.triton.mx")
+    crossing = {
+        name: sorted(m for m in _imports(p, False) if m.startswith(other + ".") or m == other)
+        for name, p in mods.items()
+        for own, other in (fams, fams[::-1])
+        if name == own or name.startswith(own + ".")
+    }
+    assert not {k: v for k, v in crossing.items() if v}
 
 
 def test_no_import_cycles():

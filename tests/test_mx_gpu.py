@@ -57,7 +57,7 @@ KERNEL_CASES = [  # (activation format or None, weight format, kernel, swizzled 
 
 @pytest.mark.parametrize("a_elem,w_elem,kernel,swizzled", KERNEL_CASES)
 def test_kernel_matches_float64_reference(a_elem, w_elem, kernel, swizzled):
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, MXConfig, launch_config
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE, MXConfig, launch_config
 
     m, n, k = (3 if kernel == "gemv" else 200), 200, 320  # N, M off the tiles; K off BLOCK_K
     a, a_e, a_ref = _data(m, k, a_elem, seed=1)
@@ -184,7 +184,7 @@ def test_compiled_weight_only_uses_decode_kernels(w_elem, m, k, n):
     y, codes = run_and_get_code(_compiled(f), x)
     assert [d.lowering for d in qlower.last_report()] == ["triton.mx_linear"]
     code = "\n".join(codes)
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     cfg = mx_ops.pick_weight_only(m, mx_ops.ELEM_CODE[w_elem], k, n, x.dtype)
     assert KERNEL_NAMES[cfg.kernel] in code
@@ -241,7 +241,7 @@ def test_dynamic_m_matches_float64_at_every_bucket_edge(w_elem, cudagraphs):
 def test_every_fp8_code_decodes_as_torch(elem, m):
     """Row n of the weight holds fp8 code n, then zeros; x = 1: out[:, n] is code n's value (NaN, Inf too),
     through whichever kernel `qlower::mx_linear` picks at this M (BITS / CVT decoders, the fp8 casts)."""
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE
 
     dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[elem]
     n, k = 256, 256

@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, MXConfig, launch_config
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE, MXConfig, launch_config
 
     torch.manual_seed(0)
     M, N, K = 5, 48, 96
@@ -76,17 +76,17 @@ DECODE_SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.kernels.triton import mx_ops
-    from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig
-    from qlower.lowerings.kernels.triton.mx_decode import as_words
-    from qlower.lowerings.kernels.triton.mx_launch import launch_decode
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+    from qlower.lowerings.kernels.triton.mx.decode import BITS, DecodeConfig
+    from qlower.lowerings.kernels.triton.mx.decode import as_words
+    from qlower.lowerings.kernels.triton.mx.launch import launch_decode
 
     def mx_decode_linear(cfg, x, w, w_scale, bias, w_fmt, w_swizzled=False, out_dtype=None):
         # one DecodeConfig launched directly (no wrap_triton): uint8 weight [N, K/2 or K] -> out [M, N]
         out = torch.empty((x.shape[0], w.shape[0]), dtype=out_dtype or x.dtype, device=w.device)
         launch_decode(cfg, x, as_words(w), w_scale, bias, out, w_fmt, w_swizzled, direct=True)
         return out
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE
 
     torch.manual_seed(0)
     MM4 = DecodeConfig("mm", BITS, 16, 8, 4, 1, block_m=16)   # fp4: 64 elements per dot step
@@ -163,8 +163,8 @@ def test_decode_kernels_in_triton_interpreter():
 
 def test_decode_table_matches_rules():
     """The committed H200 table and the rules for other shapes agree at every measured point."""
-    from qlower.lowerings.kernels.triton import mx_ops as ops
-    from qlower.lowerings.kernels.triton.mx_decode import CVT
+    from qlower.lowerings.kernels.triton.mx import ops
+    from qlower.lowerings.kernels.triton.mx.decode import CVT
 
     for (w_fmt, m, k, n), cfg in ops.DECODE_TABLE.items():
         assert ops.decode_rule(m, w_fmt, k, n) == cfg, (w_fmt, m, k, n)
@@ -194,7 +194,7 @@ def test_dynamic_m_buckets_cover_m1_under_the_size_assumption():
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     env = ShapeEnv()
     sym = env.create_symbol(8, ConstantSource("m"), dynamic_dim=DimDynamic.DYNAMIC)
@@ -214,8 +214,8 @@ SPECIAL_CODES_SCRIPT = textwrap.dedent(
     """
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.kernels.triton import mx_ops
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE
 
     # The BITS decoder (tl bit ops), the one the interpreter runs.
     # Row n of the weight holds fp8 code n first, zeros after; x = 1: out[:, n] is code n's value, so every

@@ -32,9 +32,9 @@ SCRIPT = textwrap.dedent(
     import math
     import torch
     from qlower.patterns import mx_format as fmt
-    from qlower.lowerings.kernels.triton.mx_ops import ELEM_CODE, MXConfig, Special, launch_config
-    from qlower.lowerings.kernels.triton.mx_decode import BITS, DecodeConfig, as_words
-    from qlower.lowerings.kernels.triton.mx_launch import launch_decode
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE, MXConfig, Special, launch_config
+    from qlower.lowerings.kernels.triton.mx.decode import BITS, DecodeConfig, as_words
+    from qlower.lowerings.kernels.triton.mx.launch import launch_decode
 
     SPECIALS = {0: {}, 1: {0: 0.0}, 2: {255: math.inf}, 3: {0: 0.0, 255: math.inf}}
     ONE = {"e2m1": 0x22, "e4m3": 0x38}  # a byte of 1.0 elements
@@ -262,7 +262,7 @@ def test_emission_passes_activation_and_weight_flags_apart():
 
 def test_special_bits_and_the_ops_defaults():
     from qlower.lowerings.emit.triton_mx import special_bits
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     assert special_bits(None) == special_bits({}) == 0
     assert special_bits({0: 0.0}) == 1 and special_bits({255: float("inf")}) == 2

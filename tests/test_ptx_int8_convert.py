@@ -88,7 +88,7 @@ def _int8s(word: int, count: int) -> list[int]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("pairs", [1, 2])
 def test_ptx_int8_conversion_is_exact_for_every_byte(pairs, dtype):
-    from qlower.lowerings.kernels.triton import int8_kernels as kernels
+    from qlower.lowerings.kernels.triton.int8 import kernels
 
     asm = (kernels._ptx_int8_to_bf16 if dtype == torch.bfloat16 else kernels._ptx_int8_to_f16)(pairs)
     assert "\n" not in asm  # Inductor copies it into its generated module as a one-line literal

@@ -133,7 +133,7 @@ def _run_python(script: str) -> str:
 # so x @ w.T = 0 gives NaN in both).
 INTERPRETER_SCRIPT = """
 import torch
-from qlower.lowerings.kernels.triton import int8_ops as ops
+from qlower.lowerings.kernels.triton.int8 import ops
 from qlower.lowerings.kernels.triton.configs import decode_dot, decode_fma, gemv, limbs, mm, tma
 
 torch.manual_seed(0)
@@ -238,7 +238,7 @@ def _launch_constants(gm: torch.fx.GraphModule) -> list[tuple[str, dict]]:
 def test_symbolic_m_launches_all_round_the_scale(host_branch: bool) -> None:
     """A symbolic M's every launch (each range's kernel and the dequantization above M = 256), gated or behind
     the host `if`s, takes ROUND_WS for bf16 (1); without `round_scale`, 0."""
-    from qlower.lowerings.kernels.triton import int8_ops  # noqa: F401  (registers the triton_ops)
+    from qlower.lowerings.kernels.triton.int8 import ops as int8_ops  # noqa: F401  (registers the triton_ops)
 
     k, n = 4096, 4096  # a tuned shape: several ranges, several kernels
     x, w, s = torch.randn(8, k, dtype=BF16), torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n)

@@ -1,4 +1,4 @@
-"""Linears of one shape are traced once per graph (`lowerings/kernels/triton/inline.emit_traced`'s key): the
+"""Linears of one shape are traced once per graph (`lowerings/emit/triton_inline.emit_traced`'s key): the
 copies get launches, branch graphs and fake values of their own. On CPU, for each Triton emitter (woq int8,
 dynamic int8, MX): the structure of the emitted graph (its numbers on the GPU: tests/test_dynamic_m_gpu.py's
 multi-linear models)."""
@@ -60,7 +60,7 @@ class _Stack(nn.Module):
 
 def _emit(family: str, shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphModule, int]:
     """The graph with every linear of `family` emitted as Triton launches (symbolic M), and how many traces ran."""
-    from qlower.lowerings.kernels.triton import inline
+    from qlower.lowerings.emit import triton_inline as inline
 
     traces = [0]
     original = inline.make_fx

@@ -51,7 +51,7 @@ def _run_python(script: str, env: dict[str, str] | None = None) -> str:
 # ------------------------------------------------------------------------------------------------ CPU
 INTERPRETER_SCRIPT = """
 import torch
-from qlower.lowerings.kernels.triton import int8_ops as ops
+from qlower.lowerings.kernels.triton.int8 import ops
 from qlower.lowerings.kernels.triton.configs import decode_dot, decode_fma, gemv, limbs, mm, tma
 
 torch.manual_seed(0)
@@ -340,7 +340,8 @@ def test_dynamic_m_launches_match_float64_at_bucket_edges():
 
 DYNAMIC_M_SCRIPT = """
 import torch
-from qlower.lowerings.kernels.triton import configs, int8_ops as ops
+from qlower.lowerings.kernels.triton import configs
+from qlower.lowerings.kernels.triton.int8 import ops
 
 torch.manual_seed(0)
 K, N = 64, 48
@@ -477,7 +478,7 @@ def test_host_branched_dynamic_m_takes_the_static_kernel_at_every_m(family):
     compile's config where the table measured one: test_dynamic_plan_covers_every_m_once_...); woq-int8 under
     AUTO hands M > 256 to the dequantization + cuBLAS leaf. Its numbers are checked on the H200
     (tests/test_dynamic_m_gpu.py compiles in default mode) and each config's in the interpreter above."""
-    from qlower.lowerings.kernels.triton import int8_ops  # noqa: F401  (registers the triton_ops)
+    from qlower.lowerings.kernels.triton.int8 import ops as int8_ops  # noqa: F401  (registers the triton_ops)
     from qlower.lowerings.kernels.triton.tuned import current_device_name
 
     k, n = 4096, 4096  # a tuned shape: the device table's entries, not only the rules
@@ -519,7 +520,7 @@ def test_host_branched_dynamic_m_takes_the_static_kernel_at_every_m(family):
 def test_a_batch_bounded_below_the_crossover_builds_no_cublas_range(host_branch):
     """An M known to stay <= 256 (an export `Dim(max=200)`; here `torch._check`) gets no dequantization +
     cuBLAS range: no dequant kernel, no GEMM, in either form (gated launches or the host `if`)."""
-    from qlower.lowerings.kernels.triton import int8_ops  # noqa: F401  (registers the triton_ops)
+    from qlower.lowerings.kernels.triton.int8 import ops as int8_ops  # noqa: F401  (registers the triton_ops)
 
     k, n = 64, 48
     w, ws = torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n) + 0.5
@@ -544,7 +545,7 @@ def test_gated_mx_weight_only_runs_one_bucket_at_every_m(k, n):
     `mx_ops.pick_weight_only` names. Where N <= K two buckets (M 65-128, 129+) dequantize for cuBLAS; only the
     first one's gate used to reach that shared launch, and M > 128 got an all-zero output on the H200
     (tests/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge)."""
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     e2m1 = mx_ops.ELEM_CODE["e2m1"]
     w, codes = (
@@ -573,7 +574,7 @@ def test_host_branched_mx_weight_only_takes_the_static_kernel_at_every_m():
     """The same for `qlower::mx_linear` (MXFP4 weight-only, bf16 x): each M's leaf is its bucket's config
     (`mx_ops.pick_weight_only`: the f16x2 GEMV to M = 2, `mx_bf16`'s tiles above, split-K with its reduce,
     then its dequantize kernel before cuBLAS), and the M = 1 leaf also serves M = 0 with an empty grid."""
-    from qlower.lowerings.kernels.triton import mx_ops
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     k, n, e2m1 = 4096, 4096, mx_ops.ELEM_CODE["e2m1"]
     w, codes = (
@@ -608,7 +609,7 @@ def test_swap_ab_on_eight_warps_is_refused_and_never_picked():
     """Triton 3.6 computed wrong rows (and NaN) for the 8-warp swap-AB tile on the H200 (`mm 128x128x64 w8 s4
     swap`, M > 128, N = 14336; `git show lab-archive:BENCHMARKS.md`, "Two defects found and fixed"): the launcher
     refuses such a config with the reason, and no table entry or rule picks one."""
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     x, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
     with pytest.raises(ValueError, match="swap-AB tiles on more than 4 warps"):
@@ -635,7 +636,7 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
     the pointer fallback."""
     from types import SimpleNamespace
 
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randint(-127, 128, (32, 64), dtype=torch.int8)
     assert ops._tma_unsupported(x, w, torch.empty(32, 32, dtype=torch.bfloat16), 1) == "not an NVIDIA GPU"
@@ -750,7 +751,7 @@ DECODE_POINTS = [(1, 4096, 4096), (1, 4096, 14336), (1, 14336, 4096), (16, 14336
 @pytest.mark.parametrize("key", sorted(configs.WOQ_INT8_TABLE), ids=lambda t: "x".join(map(str, t)))
 def test_woq_table_config_at_its_shape(key):
     """Each tuned entry at the shape it was tuned for, and one row fewer (a partial row tile), against float64."""
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     bucket, k, n = key
     cfg = configs.WOQ_INT8_TABLE[key]
@@ -765,7 +766,7 @@ def test_woq_table_config_at_its_shape(key):
     "m,k,n", [(m, k, n) for m in GPU_M for k, n in GPU_SHAPES] + DECODE_POINTS[1:]
 )  # DECODE_POINTS[0] is already in the grid
 def test_woq_op_matches_float64(m, k, n, dtype):
-    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 
     x, w, s, b, ref = _woq_inputs(m, k, n, dtype, bias=m % 2 == 1, seed=m + k)
     out = torch.ops.qlower.woq_int8_linear(x, w, s, b)
@@ -777,8 +778,8 @@ def test_woq_op_matches_float64(m, k, n, dtype):
     "cfg_name", ["gemv", "gemv_splitk", "mm_swap", "mm", "mm_splitk", "mm_i2f", "limbs", "limbs_wide"]
 )
 def test_woq_every_kernel_shape(cfg_name):
-    from qlower.lowerings.kernels.triton import int8_ops as ops
     from qlower.lowerings.kernels.triton.configs import gemv, limbs, mm
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     cfg = {
         "gemv": gemv(1, 16, 512),
@@ -813,7 +814,7 @@ def test_ptx_int8_to_half_matches_fp32_path_bitwise(fp32_cfg, ptx_cfg, dtype):
     """The inline-PTX int8 -> bf16/fp16 conversion is exact, so the tensor cores see the same operands as
     through fp32: outputs must be bit-identical, for every byte value (each column of the weight walks all
     256) and a K off the tile grid (masked tail)."""
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     m, k, n = 17, 1000, 200
     x, _, s, b, _ = _woq_inputs(m, k, n, dtype, bias=True, seed=7)
@@ -830,7 +831,7 @@ def test_ptx_int8_to_half_matches_fp32_path_bitwise(fp32_cfg, ptx_cfg, dtype):
 @pytest.mark.parametrize("k,n", GPU_SHAPES)
 @pytest.mark.parametrize("m", GPU_M)
 def test_dynamic_int8_op_matches_float64(m, k, n):
-    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 
     x, w, s, b, _ = _woq_inputs(m, k, n, torch.bfloat16, bias=True, seed=m + n)
     xs = x.abs().amax(-1, keepdim=True).float() / 127
@@ -864,7 +865,7 @@ KERNEL_OF_KIND = {
 @pytest.mark.parametrize("m,k,n", [(m, 1000, 520) for m in GPU_M] + DECODE_POINTS + [(4, 4096, 14336)])
 def test_compile_calls_triton_kernel(form, m, k, n):
     from qlower.lowerings.kernels.triton import configs
-    from qlower.lowerings.kernels.triton import int8_ops as ops
+    from qlower.lowerings.kernels.triton.int8 import ops
 
     bias = (k, n) == (1000, 520) or m % 2 == 1  # the decode points: M 1 with bias, M 16 without
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias).cuda()
@@ -955,7 +956,7 @@ def test_aot_inductor_embeds_kernel():
     + [(1000, 1000, 520, "qlinear_mm_kernel"), (1000, 4096, 1024, "int8_mm_tma_dev_kernel")],
 )  # K = 1000: rows not 16-byte aligned, so the TMA config falls back to the pointer kernel
 def test_dynamic_int8_under_compile(m, k, n, kernel):
-    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 
     def model(x, w, s):
         xs = x.abs().amax(-1, keepdim=True).float().clamp_min(1e-6) / 127

@@ -261,7 +261,7 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     "CUDA, mx"). A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
     MXFP4 weights with bf16 x keep it at every M: its `mx_bf16` kernels (mx_ops.pick_weight_only's table).
     """
-    from qlower.lowerings.kernels.triton.mx_ops import (  # no Triton import: mx_ops imports it, so read them lazily
+    from qlower.lowerings.kernels.triton.mx.ops import (  # no Triton import: mx/ops.py imports it: read lazily
         DECODE_MAX_M,
         ELEM_CODE,
         GEMV_MAX_M,

@@ -76,8 +76,8 @@ def _dense_above(rec: QuantLinear) -> int:
 
 
 def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
-    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401  (registers the triton_ops; imports Triton)
-    from qlower.lowerings.kernels.triton.inline import emit_traced
+    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401  (registers the triton_ops; imports Triton)
 
     em = Emitter(graph, rec.output)
     after = _scale_after_kernel(rec)
@@ -106,8 +106,8 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 
 
 def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
-    from qlower.lowerings.kernels.triton import int8_ops as ops  # noqa: F401
-    from qlower.lowerings.kernels.triton.inline import emit_traced
+    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 
     assert rec.act_quant is not None
     em = Emitter(graph, rec.output)

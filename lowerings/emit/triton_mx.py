@@ -24,7 +24,7 @@ def special_bits(special: Mapping[int, float] | None) -> int:
     """The kernels' e8m0 flags for a record's `{code: value}` where its decode is not the spec's
     (patterns/mx.py records 0 -> 0.0 and 255 -> +inf, `mx_format.E8M0_SPECIAL_ALTERNATIVES`): without them the
     kernels would decode 0 as 2**-127 and 255 as NaN, other numbers than the graph's."""
-    from qlower.lowerings.kernels.triton.mx_kernels import SPECIAL_INF, SPECIAL_ZERO
+    from qlower.lowerings.kernels.triton.mx.kernels import SPECIAL_INF, SPECIAL_ZERO
 
     bits = 0
     for code, value in (special or {}).items():
@@ -38,8 +38,8 @@ def special_bits(special: Mapping[int, float] | None) -> int:
 
 
 def emit_mx_triton(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
-    from qlower.lowerings.kernels.triton import mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
-    from qlower.lowerings.kernels.triton.inline import emit_traced
+    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
 
     em = Emitter(graph, rec.output)
     cols = rec.k // 32

@@ -1,11 +1,19 @@
-"""qlower's own Triton kernels for CUDA (woq-int8, dynamic-int8), and the lowerings that emit them.
+"""qlower's own Triton kernels for CUDA, one folder per quantization family, with their launchers and triton_ops.
 
-Triton is optional: importing this package imports no Triton. `triton_unavailable()` says why the kernels
-cannot be used in this process (None when they can). The kernels live in int8_kernels.py, int8_hopper.py,
-woq_decode.py, woq_limbs.py, splitk.py and the mx_*.py modules; their `triton_op`s and launchers in int8_ops.py
-and mx_ops.py, imported only when a lowering emits (configs.py and tuned.py, the tuned tables, import no Triton).
+- `int8/`: woq-int8 and dynamic-int8 (kernels.py, hopper.py, woq_decode.py, woq_limbs.py; ops.py: the
+  `qlower::woq_int8_linear` / `qlower::dynamic_int8_linear` triton_ops and their launchers).
+- `mx/`: MXFP8 / MXFP4 (kernels.py, decode.py, hfma.py, bf16.py; launch.py: the decode kernels' launchers;
+  ops.py: the `qlower::mx_linear` triton_op and its config picks).
+- Shared by both families, here: `launch_args.py` (SymInt grid arithmetic, `branch_on_m`, M-range gates),
+  `splitk.py` (the split-K reduce kernel), `configs.py` (the int8 launch configs and their rules) and `tuned.py`
+  (the tuned config tables, data in `tuned/<gpu>.json`: the int8 tables and the MX decode table).
+
+Triton is optional: importing this package, `configs`, `tuned` or a family's package imports no Triton; a
+family's kernel modules and `ops` do, and only the emit step imports them (lowerings/emit/triton_int8.py,
+triton_mx.py, which splice the traced ops into the graph through lowerings/emit/triton_inline.py).
+`triton_unavailable()` says why the kernels cannot be used in this process (None when they can). Nothing here
+imports lowerings/emit or lowerings/devices (tests/test_layout.py).
 """
-
 from __future__ import annotations
 
 import functools

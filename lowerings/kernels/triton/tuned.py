@@ -86,7 +86,7 @@ STAND_IN = _stand_in()  # the device whose tables answer off a GPU
 
 
 def __getattr__(name: str) -> str:
-    """`tuned.<STEM>`: the device named by tuned/<stem>.json (how mx_ops.py names the device of its table)."""
+    """`tuned.<STEM>`: the device named by tuned/<stem>.json (tests name a file's device this way)."""
     for path, doc in zip(data_files(), documents(), strict=True):
         if name == path.stem.upper():
             return doc["device"]
@@ -148,7 +148,9 @@ def document(
     us: Mapping[tuple[str, tuple[int, ...]], float],
 ) -> dict[str, Any]:
     """The data file of `device` holding `tables` as this process has them (the tuner's output): the existing
-    file's fields and timings, with `env`'s versions and date and the new timings `us` ((family, key) -> us)."""
+    file's fields and timings, with `env`'s versions and date and the new timings `us` ((family, key) -> us).
+    The existing file's tables of other families are kept as they are, in the file's order (a sweep of the
+    int8 families leaves the `"mx"` table alone)."""
     old = next((d for d in documents() if d["device"] == device), {})
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -160,10 +162,11 @@ def document(
         "timing": old.get(
             "timing", "GPU time per call: median of CUDA-graph replays over 8 rotating weight sets"
         ),
-        "tables": {},
+        "tables": {family: table for family, table in old.get("tables", {}).items() if family not in tables},
     }
     if "capability" in env and "capability" not in doc:
         doc["capability"] = "sm_{}{}".format(*env["capability"])
+    order = [f for f in old.get("tables", {}) if f in tables or f in doc["tables"]]
     for family, table in tables.items():
         old_table = old.get("tables", {}).get(family, {})
         old_us = {tuple(e["key"]): e["us"] for e in old_table.get("entries", []) if "us" in e}
@@ -175,6 +178,8 @@ def document(
             "regenerate": old_table.get("regenerate", table.regenerate),
             "entries": entries,
         }
+    rank = {f: i for i, f in enumerate(order)}
+    doc["tables"] = dict(sorted(doc["tables"].items(), key=lambda kv: rank.get(kv[0], len(rank))))
     return validate(doc, f"tuned data of {device}")
 
 

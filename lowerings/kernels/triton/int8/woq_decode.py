@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
-from qlower.lowerings.kernels.triton.int8_kernels import _int8_to, load_scale
+from qlower.lowerings.kernels.triton.int8.kernels import _int8_to, load_scale
 
 # 4 int8 (one 32-bit register, byte i = element i) -> 4 fp32, exact: (0x4B0000 << 8 | (v ^ 0x80)) - (2^23 + 128)
 _ASM_I8_F32 = tl.constexpr(

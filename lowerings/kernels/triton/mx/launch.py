@@ -9,15 +9,15 @@ import torch
 
 from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import cdiv
-from qlower.lowerings.kernels.triton.mx_bf16 import mx_bf16_dequant_kernel, mx_bf16_mm_kernel
-from qlower.lowerings.kernels.triton.mx_decode import (
+from qlower.lowerings.kernels.triton.mx.bf16 import mx_bf16_dequant_kernel, mx_bf16_mm_kernel
+from qlower.lowerings.kernels.triton.mx.decode import (
     DecodeConfig,
     effective_decode,
     elems_per_word,
     fmt_consts,
     mx_decode_mm_kernel,
 )
-from qlower.lowerings.kernels.triton.mx_hfma import mx_hfma_gemv_kernel
+from qlower.lowerings.kernels.triton.mx.hfma import mx_hfma_gemv_kernel
 from qlower.lowerings.kernels.triton.splitk import reduce_into
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qlower.lowerings.kernels.triton.int8_kernels import grouped_tile, load_scale
+from qlower.lowerings.kernels.triton.int8.kernels import grouped_tile, load_scale
 
 MAX_K = 1 << 16  # int32 sums stay exact: K * 128 * 128 < 2**31
 

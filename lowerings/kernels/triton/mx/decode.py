@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
-from qlower.lowerings.kernels.triton.mx_kernels import E2M1, E4M3, E5M2, _scale_f32, _scale_offsets
+from qlower.lowerings.kernels.triton.mx.kernels import E2M1, E4M3, E5M2, _scale_f32, _scale_offsets
 
 BITS, CVT, F16BITS = 1, 2, 3
 

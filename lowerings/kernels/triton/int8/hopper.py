@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qlower.lowerings.kernels.triton.int8_kernels import _int8_to, load_scale
+from qlower.lowerings.kernels.triton.int8.kernels import _int8_to, load_scale
 
 
 @triton.jit

@@ -7,7 +7,7 @@ converted in the main loop) and dynamic-int8 (int8 x int8 -> int32) with one epi
 scale, optional per-token activation scale, bias, cast. `SWAP_AB` computes out^T = W x^T so a skinny M
 becomes the MMA's N dimension (wgmma needs 64 rows in M, allows 8 in N).
 
-Importing this module imports Triton: only `qlower.lowerings.kernels.triton.int8_ops` does, and only when used.
+Importing this module imports Triton: only `qlower.lowerings.kernels.triton.int8.ops` does, and only when used.
 """
 
 from __future__ import annotations

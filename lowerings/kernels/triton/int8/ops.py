@@ -14,22 +14,22 @@ from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import configs, interpreted
 from qlower.lowerings.kernels.triton.configs import KernelConfig
-from qlower.lowerings.kernels.triton.int8_hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
-from qlower.lowerings.kernels.triton.int8_kernels import (
+from qlower.lowerings.kernels.triton.int8.hopper import int8_mm_tma_dev_kernel, woq_mm_tma_dev_kernel
+from qlower.lowerings.kernels.triton.int8.kernels import (
     qlinear_mm_kernel,
     woq_dequant_kernel,
     woq_int8_gemv_kernel,
 )
+from qlower.lowerings.kernels.triton.int8.woq_decode import woq_decode_kernel
+from qlower.lowerings.kernels.triton.int8.woq_limbs import MAX_K as LIMBS_MAX_K
+from qlower.lowerings.kernels.triton.int8.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
 from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, flat, is_static, m_range_gate
 from qlower.lowerings.kernels.triton.splitk import reduce_into
 from qlower.lowerings.kernels.triton.tuned import current_device_name
-from qlower.lowerings.kernels.triton.woq_decode import woq_decode_kernel
-from qlower.lowerings.kernels.triton.woq_limbs import MAX_K as LIMBS_MAX_K
-from qlower.lowerings.kernels.triton.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
 
 
 def round_code(dtype: torch.dtype, round_scale: bool) -> int:
-    """The kernels' ROUND_WS (`int8_kernels.load_scale`): 0 takes the scale as it is; 1 / 2 round an fp32
+    """The kernels' ROUND_WS (`kernels.load_scale`): 0 takes the scale as it is; 1 / 2 round an fp32
     scale to bf16 / fp16 first, as the graph's cast of torchao's fp32 scale did
     (`patterns.record.ScaleCast`)."""
     if not round_scale:
@@ -90,7 +90,7 @@ def _launch(
         return
     if cfg.swap_ab and cfg.num_warps > 4:
         raise ValueError(
-            f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}): on the H200 (Triton 3.6) "
+            f"qlower: swap-AB tiles on more than 4 warps are refused ({cfg}): on sm_90 (Triton 3.6) "
             "mm 128x128x64 w8 swap gave NaN or wrong rows at M > 128, N = 14336, with every int8 conversion"
         )
     xs1, s_xs = flat(xs) if xs is not None else (ws1, 0)
@@ -318,8 +318,8 @@ def _dense_above(
 
 
 # The dequantize kernel's tile (N rows x K columns, 4 warps): 46.3 / 46.5 us for a 4096->14336 / 14336->4096
-# weight on the H200, against 49.0 / 49.0 for 32 x 128 and an HBM floor of 36.7 (read int8, write bf16); nine
-# tiles timed (BENCHMARKS.md, "CUDA (H200), woq_int8", large M).
+# weight on sm_90, against 49.0 / 49.0 for 32 x 128 and an HBM floor of 36.7 (read int8, write bf16); nine
+# tiles timed (BENCHMARKS.md, "CUDA, woq_int8", large M).
 DEQUANT_TILE = (32, 256)
 
 

@@ -2,10 +2,11 @@
 
 Inputs are uint8 views (elements, packed e2m1 bytes, e8m0 codes) plus format codes; the op picks the GEMV
 kernel for small M and the tiled kernel above (a dynamic M launches both with gated grids: no guard, no
-recompile). Configs were chosen on an H200 (scripts/bench_mx.py sweeps them); other GPUs get the same.
+recompile). Configs were chosen on sm_90 (scripts/bench_mx.py sweeps them); other GPUs get the same.
 
 Weight-only MXFP4/MXFP8 with bf16/fp16 activations at M <= 16 runs the word-wise decode kernels of
-`mx_decode` instead where they measured faster (`pick_decode`, table and rules below).
+`mx/decode.py` instead where they measured faster (`pick_decode`: the measured table, data in the `"mx"` table of
+`tuned/<gpu>.json`, and the rules below).
 
 `a_special` / `w_special` say how e8m0 codes 0 and 255 decode (`Special`; the record's `scale_special` /
 `w_scale_special`, mapped by lowerings/emit/triton_mx.py): every kernel launched here takes them as constexprs.
@@ -17,7 +18,7 @@ annotations, on the oldest torch qlower supports too.
 # ruff: noqa: UP045
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 import torch
@@ -25,8 +26,8 @@ from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import interpreted
 from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, is_static, m_range_gate
-from qlower.lowerings.kernels.triton.mx_decode import BITS, CVT, DecodeConfig, as_words
-from qlower.lowerings.kernels.triton.mx_kernels import (
+from qlower.lowerings.kernels.triton.mx.decode import BITS, CVT, F16BITS, DecodeConfig, as_words
+from qlower.lowerings.kernels.triton.mx.kernels import (
     E2M1,
     E4M3,
     E5M2,
@@ -36,8 +37,8 @@ from qlower.lowerings.kernels.triton.mx_kernels import (
     mx_gemv_kernel,
     mx_mm_kernel,
 )
-from qlower.lowerings.kernels.triton.mx_launch import dense_bf16, launch_decode
-from qlower.lowerings.kernels.triton.tuned import H200, TunedTable
+from qlower.lowerings.kernels.triton.mx.launch import dense_bf16, launch_decode
+from qlower.lowerings.kernels.triton.tuned import STAND_IN, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 
@@ -74,7 +75,7 @@ class MXConfig:
 
 # Largest M served by the GEMV kernel (weights streamed once per output row; tiles above).
 GEMV_MAX_M = 4
-# Configs measured on the H200 (2026-11-29, BENCHMARKS.md "MX"): the compiled model with these ran MXFP8
+# Configs measured on sm_90 (Triton 3.6; BENCHMARKS.md "CUDA, mx"): the compiled model with these ran MXFP8
 # weight-only M=1 at 1.30x bf16, MXFP4 weight-only M=1 at 0.95x, MXFP8 dynamic M=4096 at 0.15x (the per-32
 # chunk fp8 tile kernel is far from the tensor cores' rate: see mx_lowering.py for what AUTO does with that).
 GEMV_FP4 = MXConfig("gemv", block_n=32, block_k=256, num_warps=4, num_stages=3)
@@ -99,12 +100,11 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
     return MM_UPCAST_LARGE if m > 256 else MM_UPCAST_SMALL
 
 
-# ------------------------------------------------------------------ weight-only decode kernels (mx_decode)
-# Measured on the H200 by the MX decode-kernel sweeps (torch 2.11, Triton 3.6; CUDA-graph replay over 8
-# rotating weight sets; bf16 activations; us; all 2026-11-30). Their script and raw output are at git tag
-# lab-archive, written up in `git show lab-archive:BENCHMARKS.md` (sections quoted below); the compiled rows
-# now: BENCHMARKS.md, "CUDA (H200), mx".
-# The f16x2 GEMV (`mx_hfma`, kernel "hfma"), two sweeps, 13 shapes per M (second sweep's numbers; bf16
+# ------------------------------------------------------------------ weight-only decode kernels (mx/decode.py)
+# Measured on sm_90 by the MX decode-kernel sweeps (torch 2.11, Triton 3.6; CUDA-graph replay over 8 rotating
+# weight sets; bf16 activations; us). The compiled rows: BENCHMARKS.md, "CUDA, mx" ("MXFP4 weight-only",
+# "MXFP8 weight-only"); the kernel sweeps' numbers are these notes (quoted names: the sweeps' write-ups).
+# The f16x2 GEMV (`mx/hfma.py`, kernel "hfma"), two sweeps, 13 shapes per M (second sweep's numbers; bf16
 #   F.linear 30-32 us at 4096->14336 and 14336->4096, 13.3-13.5 us at 4096->4096; "was": the decode kernels'
 #   pick before it; "MX weight-only on packed f16x2 FMAs"):
 #   M=1: N > K n16 kw128 (fp4 14.6 was 24.9; fp8 16.5 was 19.3); N = K n8 kw256 (fp4 6.2 was 11.4; fp8 7.7
@@ -117,7 +117,7 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 #     (14.9, tile kernel 18.7), K > N n16 kw128 sk2 (43.1, tile kernel 64.7).
 #   M=16: every hfma shape lost to the dot kernel (fp4 128-150 vs 46-103 us): block_m 4 repeats x work per row.
 # The first decode-kernel sweep (the "gemv"/"mm" decode kernels against the kernels before them; the MX
-#   paragraph of "CUDA (H200): woq_int8 decode kernel"):
+#   paragraph of the woq_int8 decode-kernel write-up):
 #   M 5-16 (measured at M=16): mm/cvt m16 n64 w4 s3, kw16 (128 elements) fp4 / kw32 fp8, every shape (fp4
 #     70.6->46.4, 73.6->31.4, 230.6->103.2; fp8 51.7->39.1, 56.5->27.5, 168.8->89.3 us current -> new).
 #   M > 16: not measured; the current tile kernels.
@@ -127,7 +127,7 @@ def pick_config(m: int, a_fmt: int, w_fmt: int) -> MXConfig:
 #   pf 7.2 vs 7.7; elsewhere prefetch lost, 17.4 vs 16.7 at N > K). A second run at M = 2 and 4 moved the
 #   entries marked "prefetch run" in HF_M2 / HF_M4 (prefetch; 2 warps with a K split for fp4 K > N at M=4);
 #   ties (within 0.1 us) and fp8 M=4 N > K (39.7 vs 40.5) stayed.
-# The 11-op decode run: the e2m1 decode in 11 integer ops per word instead of 16 (`mx_hfma._asm_e2m1`; "The
+# The 11-op decode run: the e2m1 decode in 11 integer ops per word instead of 16 (`hfma._asm_e2m1`; "The
 #   e2m1 decode in 11 integer ops per word"); at M=1 (two runs) fp4 N > K without prefetch 12.3 / 12.3 us vs
 #   prefetch 13.0 / 13.0 (bf16 30.4); N = K prefetch stays (5.9 vs 7.2); K > N prefetch n16 kw128 15.4-15.6,
 #   n8 kw256 15.2 (within noise: kept).
@@ -146,7 +146,7 @@ HF_SQUARE_PF = replace(HF_SQUARE, prefetch=True)  # M=1: fp8 at N = K, fp4 at N 
 HF_FP4_2ROWS = replace(HF_WIDE, block_m=2)  # fp4 2-row programs: M=2 at N > K, M=3..4 at N <= K
 
 
-# MXFP4 at M = 1, with the kernels' special-code flags (2026-12-01, the hand-written form's +inf flag / no
+# MXFP4 at M = 1, with the kernels' special-code flags (the hand-written form's +inf flag / no
 # flag; us): N <= K the square tile with prefetch, 15.7 / 15.1 at 14336->4096 and 6.2 / 6.3 at 4096^2 (the
 # wide prefetch tile before it: 19.8 / 15.4 and 6.9 / 5.9; the flag's non-finite recompute cost it 4.4 us
 # there); K < N < 2K the square tile without prefetch, 7.7 / 7.4 at 4096->6144 (wide 8.8 / 8.3); N >= 2K the
@@ -178,29 +178,44 @@ HF_M4 = {  # (w_fmt, sign of N - K) -> config at M=3..4
     (E2M1, -1): HF_FP4_2ROWS,  # 11-op decode run: 32.5 vs 35.6 us (the prefetch run's 2-warp split-K pick)
     (E4M3, -1): replace(HF_WIDE, block_m=4, split_k=2),
 }
-_KN = ((4096, 14336), (4096, 4096), (14336, 4096))
-# The measured points, (w_fmt, M bucket's upper end, K, N) -> config; what the rules give for them too
-# (tests/test_mx_triton_interp.py checks that), kept as the record of the sweeps. Keyed by device in
-# DECODE_TUNED (tuned.py).
-DECODE_TABLE: dict[tuple[int, int, int, int], Optional[DecodeConfig]] = {
-    **{(f, 1, k, n): _m1(f, k, n) for f in (E2M1, E4M3) for k, n in _KN},
-    **{(f, 2, k, n): HF_M2[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
-    **{(f, 4, k, n): HF_M4[f, (n > k) - (n < k)] for f in (E2M1, E4M3) for k, n in _KN},
-    **{(f, 16, k, n): (DEC_MM_FP4 if f == E2M1 else DEC_MM_FP8) for f in (E2M1, E4M3) for k, n in _KN},
-}  # fmt: skip
-DECODE_TUNED = TunedTable("mx", "python scripts/bench_mx.py --sweep --out <scratch>", {H200: DECODE_TABLE})
+_DECODE_KERNELS = ("gemv", "hfma", "mm", "bf16mm", "bf16dq")
+_DECODE_FIELDS = {f.name: f.type for f in fields(DecodeConfig)}
+
+
+def decode_config_from_fields(cfg: dict[str, Any]) -> DecodeConfig:
+    """A `DecodeConfig` from its fields as the tuned data files hold them (`dataclasses.asdict`; `decode` is the
+    code of mx/decode.py: 1 BITS, 2 CVT, 3 F16BITS), else ValueError naming the problem."""
+    unknown = set(cfg) - set(_DECODE_FIELDS)
+    if unknown:
+        raise ValueError(f"MX decode config {cfg}: unknown fields {sorted(unknown)}")
+    if cfg.get("kernel") not in _DECODE_KERNELS:
+        raise ValueError(f"MX decode config {cfg}: kernel must be one of {_DECODE_KERNELS}")
+    if cfg.get("decode") not in (BITS, CVT, F16BITS):
+        raise ValueError(f"MX decode config {cfg}: decode must be {BITS}, {CVT} or {F16BITS}")
+    for name, value in cfg.items():
+        want = str if name == "kernel" else bool if _DECODE_FIELDS[name] in (bool, "bool") else int
+        if type(value) is not want:
+            raise ValueError(f"MX decode config {cfg}: {name} must be {want.__name__}")
+    return DecodeConfig(**cfg)
+
+
+# The measured points, (w_fmt code, M bucket's upper end, K, N) -> config: the `"mx"` table of the tuned data
+# files (tuned/<gpu>.json, keyed by the device they were measured on, read through tuned.py); the rules give
+# the same configs there (tests/test_mx_triton_interp.py checks that), the table is the record of the sweeps.
+DECODE_TUNED = TunedTable.from_files("mx", decode_config_from_fields)
+DECODE_TABLE = DECODE_TUNED.entries(STAND_IN)  # the stand-in device's entries
 # Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
 _BUCKETS = ((1, 1), (2, 2), (3, 4), (5, DECODE_MAX_M), (DECODE_MAX_M + 1, None))
 
 
-# MXFP4 weights with bf16 x from M = 3 (`mx_bf16`: e2m1 straight to scaled bf16, no convert instructions).
-# M = 3..4 (2026-12-01, 16-row tiles against `mx_hfma`, with the +inf flag of the hand-written form; us at
+# MXFP4 weights with bf16 x from M = 3 (`mx/bf16.py`: e2m1 straight to scaled bf16, no convert instructions).
+# M = 3..4 (16-row tiles against `mx/hfma.py`, with the +inf flag of the hand-written form; us at
 # 4096^2 | 4096->14336 | 14336->4096 | 4096->6144 | 4096->28672, bf16 F.linear 13.2 | 29.9 | 31.9 | 15.9 |
 # 55.1): the M16 configs 10.6 | 23.6 | 24.9 | 13.2 | 41.4 against the hfma 4-row / 2-row GEMV 11.2 | 36.4 |
 # 32.1 | 15.2 | 60.8. At M = 2 the hfma GEMV stays: 8.2 | 20.2 | 20.8 | 10.8 | 36.4 against 10.7 | 23.4 |
 # 24.7 | 13.3 | 41.2.
-# Measured on the H200 (GPU time, 8 rotating weight sets, 2026-12-01, a sweep of tiles, split-K and swap-AB
-# per M; BENCHMARKS.md "MXFP4 weight-only"), us at 4096^2 | 4096->14336 | 14336->4096, bf16 F.linear in
+# Measured on sm_90 (GPU time, 8 rotating weight sets, a sweep of tiles, split-K and swap-AB per M;
+# BENCHMARKS.md "CUDA, mx", "MXFP4 weight-only"), us at 4096^2 | 4096->14336 | 14336->4096, bf16 F.linear in
 # brackets:
 #   M=16 (13.6 | 33.1 | 33.5): m16 tiles, split-K 4, n64 kw16 where N >= K, n32 kw32 below: 10.9 | 23.7 |
 #        25.1 (the CVT dot kernel before: 31.5 | 46.7 | 102).
@@ -223,21 +238,21 @@ BF16_M64_NARROW = DecodeConfig(
     "bf16mm", CVT, block_n=128, block_kw=8, block_m=64, split_k=4, swap_ab=True, num_warps=8, num_stages=3
 )
 BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=128, swap_ab=True, **_MM)
-# The dequantize tile: 16 rows x 64 words wrote a 4096->14336 / 14336->4096 weight in 40.3 / 40.8 us on the H200,
+# The dequantize tile: 16 rows x 64 words wrote a 4096->14336 / 14336->4096 weight in 40.3 / 40.8 us on sm_90,
 # 32 x 32 in 41.8 / 41.9 (six tiles timed; the HBM floor, e2m1 and scales in, bf16 out, is 31.0)
 BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1)
 _BF16_BUCKETS = ((1, 1), (2, 2), (3, 16), (17, 32), (33, 64), (65, 128), (129, None))
 
 
 def bf16_decodes(x_dtype: torch.dtype, w_fmt: int) -> bool:
-    """Whether `mx_bf16` serves this call from M = 3 on: e2m1 weights, bf16 x, compiled Triton (inline PTX)."""
+    """Whether `mx/bf16.py` serves this call from M = 3 on: e2m1 weights, bf16 x, compiled Triton (inline PTX)."""
     return w_fmt == E2M1 and x_dtype == torch.bfloat16 and not interpreted()
 
 
 def pick_weight_only(
     m: int, w_fmt: int, k: int, n: int, x_dtype: torch.dtype, device: Optional[str] = None
 ) -> Optional[DecodeConfig]:
-    """The weight-only config at M = m: `mx_bf16`'s above M = 2 where it serves (`bf16_decodes`; "bf16dq":
+    """The weight-only config at M = m: `mx/bf16.py`'s above M = 2 where it serves (`bf16_decodes`; "bf16dq":
     dequantize, then cuBLAS, where that measured faster), else `pick_decode`'s (None: the MX tile kernel)."""
     if bf16_decodes(x_dtype, w_fmt) and m >= BF16_MIN_M:
         wide = n > k
@@ -521,7 +536,7 @@ def _decode_or_current(
             )
     # Every dequantize + cuBLAS bucket (N <= K: M 65-128 and above 128) shares one dense output, gated on where
     # M is in any of them: their gates are 0/1 over disjoint ranges, so their sum is too. (Only the first
-    # bucket's gate once reached it: M > 128 got all zeros under CUDA graphs on the H200; the configs differ
+    # bucket's gate once reached it: M > 128 got all zeros under CUDA graphs on sm_90; the configs differ
     # in the dequantize tile at most, and every tile computes the same bf16 weight.)
     base = [p for p in plan if p[0] is not None and p[0].kernel == "bf16dq"]
     out = (
@@ -553,7 +568,7 @@ def launch_config(
     """Eager launch with an explicit config (kernel tests, tuning sweeps).
 
     Launches the kernel directly, as the triton_op does in eager mode: through the wrap_triton HOP every
-    launch costs ~0.2 ms of dispatch, which swamped the first H200 sweep's GEMV timings.
+    launch costs ~0.2 ms of dispatch, which swamped the first sweep's GEMV timings.
     """
     from torch._library.triton import set_wrap_triton_enabled
 

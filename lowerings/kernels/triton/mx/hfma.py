@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
-from qlower.lowerings.kernels.triton.mx_decode import _bits_elem, _block_scales, _load_w
-from qlower.lowerings.kernels.triton.mx_kernels import _any_nonfinite
+from qlower.lowerings.kernels.triton.mx.decode import _bits_elem, _block_scales, _load_w
+from qlower.lowerings.kernels.triton.mx.kernels import _any_nonfinite
 
 
 def _asm_e2m1() -> str:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from qlower.lowerings.kernels.triton import one_line
-from qlower.lowerings.kernels.triton.mx_kernels import _scale_offsets
+from qlower.lowerings.kernels.triton.mx.kernels import _scale_offsets
 
 
 def _bf16_pairs_ptx() -> str:
