@@ -7,7 +7,8 @@
 Cases (QLOWER_BENCH_MX, default mxfp8_dynamic): the model as written by hand with plain torch ops
 (`patterns/mx_format.dequantize`, and `quantize` for the dynamic activation), what stock torch.compile and
 qlower both receive. The sweep calls the kernels directly with each candidate config on the issue's target
-shapes, checks each result against an fp32 reference and prints the fastest; `mx_ops.py` holds the choice.
+shapes, checks each result against an fp32 reference and prints the fastest; lowerings/kernels/triton/mx/ops.py holds
+the choice.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ _DEFAULT_NAME = {
 
 
 def apply_best() -> None:
-    """Make the sweep's winners the configs `mx_ops.pick_config` returns (for an --e2e run right after)."""
+    """Make the sweep's winners the configs `mx/ops.py`'s `pick_config` returns (for an --e2e run right after)."""
     from qlower import tuning
 
     for case, cfg in BEST.items():

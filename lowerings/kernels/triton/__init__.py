@@ -14,6 +14,7 @@ triton_mx.py, which splice the traced ops into the graph through lowerings/emit/
 `triton_unavailable()` says why the kernels cannot be used in this process (None when they can). Nothing here
 imports lowerings/emit or lowerings/devices (tests/test_layout.py).
 """
+
 from __future__ import annotations
 
 import functools

@@ -35,7 +35,7 @@ class KernelConfig:
     swap_ab: bool = False
     # int8 -> operand dtype in `gemv` / `mm`: I2F (0), the fp32 magic number (1), or inline PTX straight to
     # bf16/fp16 on 4 (2) or 2 (3: swap-AB wgmma) elements per asm call (`mm` on CUDA; 1 elsewhere, see
-    # int8_ops._conversion_here)
+    # int8.ops._conversion_here)
     fast_cvt: int = 1
     progs_per_sm: int = 1  # "tma": a persistent grid of this many programs per SM
     cvt: int = 1  # "decode": int8 -> fp32 by the magic number (1) or inline PTX (2); 3: the dot path to bf16
@@ -92,7 +92,7 @@ def tma(
     fast: int = 1,
     group_m: int = 8,
 ) -> KernelConfig:
-    """Hopper GEMM fed by TMA (int8_hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
+    """Hopper GEMM fed by TMA (int8/hopper.py), persistent: int8 x int8, or woq-int8 (`fast` as in `mm`; `swap`
     is refused: on sm_90 it lost to the pointer tile at every swept point and was removed); the launcher
     falls back to `mm` where TMA's alignment rules do not hold."""
     return KernelConfig(
@@ -113,7 +113,7 @@ def decode_fma(
     bm: int, bn: int, bk: int, warps: int = 4, stages: int = 1, *, cvt: int = 2, acc3: bool = False
 ) -> KernelConfig:
     """`woq_decode_kernel` on CUDA cores (woq_decode.py): a weight tile converted once for all BM <= 4 rows.
-    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see int8_ops._launch."""
+    cvt 2 (inline PTX) falls back to cvt 1 off CUDA (the interpreter), see int8.ops._launch."""
     return KernelConfig("decode", bm, bn, bk, warps, stages, group_m=1, cvt=cvt, acc3=acc3)
 
 
@@ -140,7 +140,7 @@ DECODE_FMA_2ROWS_WIDE = decode_fma(2, 16, 512)  # M = 2, N > K
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
 # woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; 2 programs
-# per SM); falls back to WOQ_TMA_FALLBACK where TMA cannot serve (int8_ops._tma_unsupported)
+# per SM); falls back to WOQ_TMA_FALLBACK where TMA cannot serve (int8.ops._tma_unsupported)
 WOQ_TMA = tma(128, 128, 64, 4, 4, progs_per_sm=2, fast=2)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -294,7 +294,7 @@ def dynamic_plan(
     the exception: it always gets the static M = 1 config, never a larger bucket's (the one-row decode tile
     beat the two-row one at M = 1 on four shapes: BENCHMARKS.md, "Whole decoder, CUDA: changing batch under
     CUDA graphs"). Split-K configs stay split: the launcher gives a gated split-K range an accumulator
-    and a cast of its own (`int8_ops._launch_all`)."""
+    and a cast of its own (`int8.ops._launch_all`)."""
     tops = [min(b, max_m) if max_m is not None else b for b in M_BUCKETS]
     tops = sorted(set(tops))
     measured = [t for t in tops if table.get((t, k, n), device) is not None]

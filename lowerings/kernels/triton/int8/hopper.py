@@ -1,6 +1,6 @@
 """Hopper (sm_90) int8 x int8 -> int32 GEMM with the dynamic-int8 epilogue, fed by the TMA copy engine.
 
-Why a second int8 kernel: `int8_kernels.qlinear_mm_kernel` builds every tile's addresses with pointer
+Why a second int8 kernel: `kernels.qlinear_mm_kernel` builds every tile's addresses with pointer
 arithmetic and one program per output tile. On sm_90 at M=4096, 4096->14336 it reaches ~1090 int8 TOP/s (55% of
 peak; the TMA kernel here 1407, BENCHMARKS.md, "CUDA, dynamic_int8"). The kernels here move the operand tiles
 with TMA (one thread issues a bulk copy, no address registers, swizzled shared memory that wgmma reads
@@ -15,7 +15,7 @@ body, `_mm_tiles`, also served a host-descriptor entry point (`TensorDescriptor`
 TMA sweep; torch 2.11 cannot trace one through a triton_op (Inductor: "'<=' not supported between instances
 of 'TensorDescriptor' and 'int'"), so the op builds its descriptors on the device.
 
-Epilogue, same as `int8_kernels._epilogue`: out = acc_int32 * w_scale[n] * x_scale[m] (+ bias[n]), cast once.
+Epilogue, same as `kernels._epilogue`: out = acc_int32 * w_scale[n] * x_scale[m] (+ bias[n]), cast once.
 `EPI_TMA` stores through a descriptor (`EPI_SPLIT` 1 or 2: the tile or its two N halves, so the staging
 buffer in shared memory is half as large and a deeper pipeline fits); otherwise a masked `tl.store`.
 
@@ -126,7 +126,7 @@ def _mm_tiles(
     The epilogue recomputes its tile coordinates from a second counter (`tile_c`) rather than reusing the
     loop's: with FLATTEN the pipeliner may hoist the next tile's coordinates above this tile's epilogue.
     INT8_A False (woq-int8): a is bf16/fp16 and each weight tile is converted in registers (`FAST_CVT`, see
-    `int8_kernels._int8_to`) as the MMA's B operand. (A swap-AB variant, the converted weight as wgmma's
+    `kernels._int8_to`) as the MMA's B operand. (A swap-AB variant, the converted weight as wgmma's
     register operand, was 1.07-1.9x slower than the pointer tile at every point of the sm_90 sweep, so there is
     none; `configs.tma` refuses `swap`.)
     """

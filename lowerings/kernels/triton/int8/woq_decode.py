@@ -1,4 +1,4 @@
-"""Decode-size (M <= 16) weight-only int8 kernel. `int8_ops.woq_int8_linear` launches `woq_decode_kernel` where
+"""Decode-size (M <= 16) weight-only int8 kernel. `ops.woq_int8_linear` launches `woq_decode_kernel` where
 `configs.WOQ_INT8_TABLE` / its decode rule pick a "decode" config. (The M <= 16 kernel sweeps also timed split-K
 forms of it; no config picked them, so they are not kept.)
 
@@ -67,7 +67,7 @@ def _w_f32(w, CVT: tl.constexpr):
 @triton.jit
 def _w_to(w, dtype: tl.constexpr, CVT: tl.constexpr):
     """int8 -> a dot operand dtype; CVT 1/2 go through exact fp32 (integers |v| <= 128 are exact in bf16),
-    3 converts straight to bf16/fp16 by inline PTX (`int8_kernels._int8_to`, 2 instructions per element)."""
+    3 converts straight to bf16/fp16 by inline PTX (`kernels._int8_to`, 2 instructions per element)."""
     if CVT == 0:
         return w.to(dtype)
     elif CVT == 3:

@@ -1,9 +1,9 @@
 """woq-int8 on the int8 tensor cores: the activation split exactly into three int8 limbs, the weight used as is.
 
-Why: the woq tile kernel (`int8_kernels.qlinear_mm_kernel`) converts every int8 weight element to bf16 in its
+Why: the woq tile kernel (`kernels.qlinear_mm_kernel`) converts every int8 weight element to bf16 in its
 main loop. Without the inline-PTX conversion that is about 5 instructions per element (SASS counts), and at M
 16..256 on sm_90 that form reached only 0.6-0.7x bf16 F.linear. (No tuned entry or rule picks this kernel,
-`configs.woq_int8_config`: the inline-PTX conversion, `int8_kernels._int8_to`, 2 instructions per element,
+`configs.woq_int8_config`: the inline-PTX conversion, `kernels._int8_to`, 2 instructions per element,
 beat it where both were timed except at M = 64, 4096->28672 (55.1 vs 50.0 us), where this kernel turns a row
 holding inf into a NaN row. It stays for sweeps.) The int8 weight can feed the int8 tensor cores untouched if
 the activation is int8 too. Each activation row becomes X = round(x * 2**(21 - e)), with e the exponent of the

@@ -2,7 +2,7 @@
 without MX tensor cores: `mx_bf16_mm_kernel` (tensor-core tiles, optional split-K) and
 `mx_bf16_dequant_kernel` (the whole weight in bf16, for cuBLAS at large M).
 
-Why: the CVT decode of `mx_decode` goes through the hardware fp8 converts (e2m1 -> e4m3 -> f16 -> f32, then
+Why: the CVT decode of `decode.py` goes through the hardware fp8 converts (e2m1 -> e4m3 -> f16 -> f32, then
 times the scale and back to bf16): two convert instructions per element, and the convert units (16 per SM per
 clock) bound it (MXFP4 M = 16 4096->14336: 46 us against bf16's 33 us on sm_90). Here an element costs
 integer ops and one bf16x2 FMA, and lands in a bf16 dot operand as the user's dequantize-then-cast computes it
@@ -73,7 +73,7 @@ def _join8(v):
 def _scale_pairs(s_ptr, rn, n_mask, kb, nkb, stride_sn, stride_sk, s_cols_pad, SWIZZLED: tl.constexpr,
                  SPECIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):  # fmt: skip
     """[BLOCK_N, BLOCK_KW] int32: each word's block scale 2**(code - 127) as a bf16x2 pair (0 -> the bf16
-    subnormal 2**-127, or 0.0 with SPECIAL_ZERO; 255 -> NaN, or +inf with SPECIAL_INF: `mx_kernels.SPECIAL_*`),
+    subnormal 2**-127, or 0.0 with SPECIAL_ZERO; 255 -> NaN, or +inf with SPECIAL_INF: `kernels.SPECIAL_*`),
     4 words per 32-element block. The PTX scales each element (+inf times a zero element is NaN, as in the
     graph's dequantization)."""
     offs = _scale_offsets(rn[:, None], kb[None, :], stride_sn, stride_sk, s_cols_pad, SWIZZLED)

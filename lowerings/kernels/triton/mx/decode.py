@@ -2,7 +2,7 @@
 
 Why a second set of kernels: at M=1 the MX GEMV is memory-bound in theory but instruction-bound in practice
 (MXFP4 4096->14336 needs ~34 decoded elements per SM per clock to reach HBM speed; the byte-wise decode of
-`mx_kernels.mx_gemv_kernel` spends ~10 instructions per element). What these do differently:
+`kernels.mx_gemv_kernel` spends ~10 instructions per element). What these do differently:
 
 - Weights are read as int32 words (8 e2m1 or 4 fp8 elements each, 16-byte vector loads, evict_first), so
   the decode works on whole words instead of unpacking bytes one register at a time.
@@ -177,7 +177,7 @@ def _decode_words(w, W_FMT: tl.constexpr, DECODE: tl.constexpr):
 def _block_scales(s_ptr, rn, n_mask, kb, nkb, stride_sn, stride_sk, s_cols_pad, factor,
                   SWIZZLED: tl.constexpr, SPECIAL: tl.constexpr):  # fmt: skip
     """[BLOCK_N, NBK] fp32: 2**(code - 127) * factor (factor folds the decoder's 2**(DSH - XSH); codes 0 and
-    255 as `mx_kernels._scale_f32` decodes them under SPECIAL)."""
+    255 as `kernels._scale_f32` decodes them under SPECIAL)."""
     offs = _scale_offsets(rn[:, None], kb[None, :], stride_sn, stride_sk, s_cols_pad, SWIZZLED)
     code = tl.load(s_ptr + offs, mask=n_mask[:, None] & (kb < nkb)[None, :], other=127)
     return (_scale_f32(code, SPECIAL) * factor).to(tl.float32)  # Inductor passes a Python float as fp64
@@ -269,7 +269,7 @@ def mx_decode_mm_kernel(
 @dataclass(frozen=True)
 class DecodeConfig:
     """One launch shape. kernel 'gemv' (fp32 fma; block_m activation rows per program), 'hfma' (f16x2 fma,
-    `mx_hfma`; block_m 1 or 2; decode unused) or 'mm' (tl.dot)."""
+    `hfma.py`; block_m 1 or 2; decode unused) or 'mm' (tl.dot)."""
 
     kernel: str
     decode: int

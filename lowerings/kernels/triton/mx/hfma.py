@@ -1,6 +1,6 @@
 """Weight-only MX GEMV for M <= 4 on packed half-precision FMAs (f16x2), not fp32 conversions.
 
-Why: the word-wise decode GEMV of `mx_decode` is bound by conversion instructions, not by HBM. Per 8 e2m1
+Why: the word-wise decode GEMV of `decode.py` is bound by conversion instructions, not by HBM. Per 8 e2m1
 elements it issues 4 `cvt.f16x2.e4m3x2` and 8 `cvt.f32.f16`; Hopper retires 16 conversions per SM per clock,
 which predicts 27 us for MXFP4 4096->14336 at M=1 (24.9 us measured) against an 8 us HBM floor. This kernel
 decodes e2m1 with 4 integer ops per element pair straight into an f16x2 register (the nibble's bits placed
@@ -14,7 +14,7 @@ overflow by the choice of T), the word sums in fp32, and the block sum times 2**
 the weight block's e8m0 scale accumulates in fp32. Error per word sum <= a few f16 ulps (2**-11 relative),
 below the bf16 rounding of the output.
 
-e8m0 codes 0 and 255 decode as the graph's decode does (constexpr SPECIAL, `mx_kernels._scale_f32`). The block
+e8m0 codes 0 and 255 decode as the graph's decode does (constexpr SPECIAL, `kernels._scale_f32`). The block
 sum, not each element, is multiplied by the scale, which differs from the graph's dequantize-then-multiply only
 where a scale is +inf (0 * inf is NaN there; +inf and -inf products cancel to NaN): with SPECIAL_INF, a program
 whose result is not finite recomputes its rows scaling each element (`_exact_row`, fp32).
@@ -22,7 +22,7 @@ whose result is not finite recomputes its rows scaling each element (`_exact_row
 Under TRITON_INTERPRET (no inline PTX) `USE_ASM=False` computes the same word sums in fp32 from an exact
 bit decode, so CPU tests cover the indexing, masks, x scaling and block scales.
 
-Inputs as `mx_decode`: x [M, K] bf16/fp16; w_words int32 [N, K/8] (e2m1) or [N, K/4] (e4m3); scale codes
+Inputs as `decode.py`: x [M, K] bf16/fp16; w_words int32 [N, K/8] (e2m1) or [N, K/4] (e4m3); scale codes
 uint8 plain [N, K/32] (any strides) or flat swizzled. Output [M, N] (or fp32 split-K partials).
 """
 
@@ -296,7 +296,7 @@ def _exact_elem(w, e: tl.constexpr, W_FMT: tl.constexpr):
     """Element e of each int32 word as its true fp32 value, through the e4m3 convert (no fp32 subnormals)."""
     if W_FMT == 3:
         nib = (w >> (4 * e)) & 15
-        e4 = ((nib & 7) << 2) | ((nib & 8) << 4)  # e2m1 bits as e4m3 worth value / 64 (mx_kernels)
+        e4 = ((nib & 7) << 2) | ((nib & 8) << 4)  # e2m1 bits as e4m3 worth value / 64 (kernels)
         return e4.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
     else:
         return ((w >> (8 * e)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)

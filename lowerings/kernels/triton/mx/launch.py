@@ -1,4 +1,4 @@
-"""Launchers of the MX decode kernels (`mx_decode`'s and `mx_hfma`'s): which kernel runs a `DecodeConfig`, and
+"""Launchers of the MX decode kernels (`decode.py`'s and `hfma.py`'s): which kernel runs a `DecodeConfig`, and
 its grid. A module of its own so that the kernels' modules import each other in one direction only."""
 
 # ruff: noqa: UP045
@@ -38,10 +38,10 @@ def launch_decode(
     """Launch cfg writing out [M, N]. `direct` calls the kernels without wrap_triton (eager timing).
 
     Under a triton_op `direct` must be False (the launches go through wrap_triton); `gate` scales the grid
-    as in mx_ops.launch, so a symbolic M can pick between configs without a guard. `rows` (default M) is
+    as in ops.launch, so a symbolic M can pick between configs without a guard. `rows` (default M) is
     the M the launch covers: a gated launch that only runs when M == 1 passes rows=1, so its grid and
     split-K scratch are static (a symbolic M would size the scratch by M even when gated off). `w_special`:
-    how e8m0 codes 0 and 255 decode (`mx_kernels.SPECIAL_ZERO | SPECIAL_INF`; 0: the OCP spec's values).
+    how e8m0 codes 0 and 255 decode (`kernels.SPECIAL_ZERO | SPECIAL_INF`; 0: the OCP spec's values).
     """
     from torch.library import wrap_triton
 

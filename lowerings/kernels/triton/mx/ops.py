@@ -5,7 +5,7 @@ kernel for small M and the tiled kernel above (a dynamic M launches both with ga
 recompile). Configs were chosen on sm_90 (scripts/bench_mx.py sweeps them); other GPUs get the same.
 
 Weight-only MXFP4/MXFP8 with bf16/fp16 activations at M <= 16 runs the word-wise decode kernels of
-`mx/decode.py` instead where they measured faster (`pick_decode`: the measured table, data in the `"mx"` table of
+`mx/decode.py` instead where they measured faster (`pick_decode`: the measured points, the `"mx"` table of
 `tuned/<gpu>.json`, and the rules below).
 
 `a_special` / `w_special` say how e8m0 codes 0 and 255 decode (`Special`; the record's `scale_special` /
