@@ -17,9 +17,8 @@ import torch
 from torch import fx
 from torch._inductor.virtualized import V
 
-from qlower.lowerings.devices.common import int8_operands
+from qlower.lowerings.devices.common import int8_operands, weight_scale_range_blocker
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
-from qlower.lowerings.emit.common import product_dtype
 from qlower.lowerings.emit.dynamic_int8 import (
     emit_int_mm,
     emit_qlinear_u8,
@@ -31,11 +30,11 @@ from qlower.lowerings.emit.woq_int8 import (
     emit_int8pack_mm,
     emit_woq_int8_gemm,
     make_emit_int8pack_by_m,
-    weight_scale_range_blocker,
 )
 from qlower.lowerings.kernels import cpu_prepack, native
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
+from qlower.lowerings.scale_facts import product_dtype
 from qlower.patterns.graph_utils import is_static
 from qlower.patterns.record import QuantLinear
 

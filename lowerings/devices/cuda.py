@@ -19,13 +19,12 @@ from qlower.lowerings.devices.capability import (
     describe_capability,
     override_cuda_capability,  # noqa: F401  (tests use it here)
 )
-from qlower.lowerings.devices.common import int8_operands
+from qlower.lowerings.devices.common import int8_operands, spec_layout_blocker, weight_scale_range_blocker
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
 from qlower.lowerings.emit.dynamic_int8 import make_emit_int_mm_min_m
-from qlower.lowerings.emit.mx import emit_scaled_mm, spec_layout_blocker
+from qlower.lowerings.emit.mx import emit_scaled_mm
 from qlower.lowerings.emit.triton_int8 import emit_dynamic_int8, emit_woq_int8
 from qlower.lowerings.emit.triton_mx import emit_mx_triton
-from qlower.lowerings.emit.woq_int8 import weight_scale_range_blocker
 from qlower.lowerings.kernels.triton import configs, triton_unavailable
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from qlower.lowerings.devices.common import int8_operands
+from qlower.lowerings.devices.common import int8_operands, weight_scale_range_blocker
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
 from qlower.lowerings.emit.dynamic_int8 import emit_int_mm
-from qlower.lowerings.emit.woq_int8 import emit_int8pack_mm, weight_scale_range_blocker
+from qlower.lowerings.emit.woq_int8 import emit_int8pack_mm
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns.graph_utils import is_static

@@ -14,8 +14,9 @@ from torch import fx
 from torch._guards import detect_fake_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from qlower.patterns.graph_utils import MUL_OPS, aten, is_call, is_static, prims, tensor_val
-from qlower.patterns.record import QuantLinear, ScaleSite
+from qlower.lowerings.scale_facts import product_dtype
+from qlower.patterns.graph_utils import aten, is_static, prims, tensor_val
+from qlower.patterns.record import QuantLinear
 
 
 class Emitter:
@@ -90,61 +91,6 @@ def scale_vector(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
     elif v.dim() != 1:
         s = em.reshape(s, [rec.n])
     return em.contiguous(em.convert(s, dtype))
-
-
-_SCALE_LAYOUT_OPS = (
-    aten.expand.default,
-    aten.view.default,
-    aten.reshape.default,
-    aten.unsqueeze.default,
-    aten._unsafe_view.default,
-)
-
-
-def _is_scale_operand(arg: Any, scale: Any) -> bool:
-    """Whether `arg` is the record's scale, up to the broadcasting views a graph puts around it."""
-    if not isinstance(scale, fx.Node):
-        return isinstance(arg, (int, float)) and not isinstance(arg, bool) and arg == scale
-    for _ in range(4):
-        if arg is scale:
-            return True
-        if not is_call(arg, _SCALE_LAYOUT_OPS):
-            return False
-        arg = arg.args[0]
-    return arg is scale
-
-
-def scale_multiply(rec: QuantLinear) -> tuple[fx.Node, Any] | None:
-    """(the graph's own multiply by `rec.weight_scale`, its other operand); None without a scale or a match."""
-    if rec.weight_scale is None:
-        return None
-    for node in rec.nodes:
-        if not is_call(node, MUL_OPS):
-            continue
-        a, b = node.args[:2]
-        if _is_scale_operand(b, rec.weight_scale):
-            return node, a
-        if _is_scale_operand(a, rec.weight_scale):
-            return node, b
-    return None
-
-
-def scale_on_weight(rec: QuantLinear) -> bool:
-    """Whether the graph multiplies the scale into the weight (`w.to(dtype) * s`) rather than into the matmul
-    result: then the scaled, rounded weight is what the user computed, overflow to inf included. The
-    recognizer proved where the scale sits (`QuantLinear.scale_site`)."""
-    return rec.weight_scale is not None and rec.scale_site is ScaleSite.WEIGHT
-
-
-def product_dtype(rec: QuantLinear) -> torch.dtype:
-    """The dtype the graph's scale multiply rounds to (type promotion of the scale with its other operand,
-    0-d scales and Python numbers included); the compute dtype when there is no scale."""
-    found = scale_multiply(rec)
-    v = tensor_val(found[0]) if found is not None else None
-    if v is not None:
-        return v.dtype
-    sv = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
-    return rec.compute_dtype if sv is None else torch.promote_types(sv.dtype, rec.compute_dtype)
 
 
 def scale_fits(rec: QuantLinear, dtype: torch.dtype) -> bool:

@@ -239,20 +239,6 @@ def act_dequant(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> fx.Node:
     )  # fmt: skip
 
 
-def spec_layout_blocker(rec: QuantLinear) -> str | None:
-    """Why a kernel reading MX bytes as the OCP layout has them (whole 32-element blocks, even fp4 element in
-    the low nibble) cannot take `rec`; the emulation (`dequant`) decodes any record."""
-    if rec.k % fmt.BLOCK:
-        return f"K={rec.k} ends in a partial MX block (K % {fmt.BLOCK} = {rec.k % fmt.BLOCK}): emulation only"
-    w, aq = rec.weight_mx, rec.act_quant
-    assert w is not None
-    if w.table is not None:
-        return "fp4 values gathered from a table the module holds (read at run time): emulation only"
-    if "high_first" in (w.nibbles, aq.mx.nibbles if aq is not None and aq.mx is not None else None):
-        return "fp4 packed with the even element in the high nibble: emulation only"
-    return None
-
-
 # What a quantize does between a copy and its data: views, casts and the scaling arithmetic.
 _VIEWS_AND_POINTWISE = {
     *VIEW_OPS,

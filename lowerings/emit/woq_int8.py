@@ -13,18 +13,10 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.emit.common import (
-    Emitter,
-    finish,
-    product_dtype,
-    scale_epilogue,
-    scale_fits,
-    scale_on_weight,
-    scale_vector,
-    weight_nk,
-)
+from qlower.lowerings.emit.common import Emitter, finish, scale_epilogue, scale_fits, scale_vector, weight_nk
 from qlower.lowerings.kernels import custom_ops
 from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
+from qlower.lowerings.scale_facts import product_dtype, scale_on_weight
 from qlower.patterns.graph_utils import aten, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
@@ -48,34 +40,6 @@ def _kernel_scale(em: Emitter, rec: QuantLinear) -> tuple[fx.Node, bool]:
 
 def _scaled(em: Emitter, rec: QuantLinear, core: fx.Node, after: bool) -> fx.Node:
     return scale_epilogue(em, rec, core) if after else core
-
-
-WEIGHT_SCALE_RANGE_DTYPE = torch.float16
-
-
-def weight_scale_range_blocker(rec: QuantLinear) -> str | None:
-    """Why a kernel that applies a weight-side scale to its fp32 accumulator would not compute the graph.
-
-    The graph `F.linear(x, w.to(fp16) * s)` rounds w * s to fp16: inf wherever |w * s| > 65504, so eager's
-    output is inf/NaN there; a kernel scaling the accumulator instead returns finite numbers (and rounds
-    differently: bf16/fp32 weights round w * s too, but their range needs |s| > 2e36 to overflow, which no
-    quantizer makes, so only fp16 is refused). A Python-number scale is checked now; a tensor's values are
-    unknown at compile time, so such a record is left to the lowerings that compute the graph's formula
-    (dequant + GEMM, the scaled weight in a reused buffer;
-    tests/test_dequant_range.py::test_weight_side_scale_overflows_like_eager).
-    """
-    if rec.weight_scale is None or not scale_on_weight(rec):
-        return None
-    if WEIGHT_SCALE_RANGE_DTYPE not in (product_dtype(rec), rec.compute_dtype):
-        return None
-    s = rec.weight_scale
-    if isinstance(s, (int, float)) and abs(float(s)) * 128 <= torch.finfo(WEIGHT_SCALE_RANGE_DTYPE).max:
-        return None  # |int8| <= 128: this weight never overflows
-    return (
-        "the graph scales the weight in fp16 (w.to(fp16) * s): eager's weight is inf where |w * s| > 65504, "
-        "which a kernel scaling its fp32 accumulator does not reproduce; dequant + GEMM computes the graph's "
-        "own formula"
-    )
 
 
 def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
