@@ -156,7 +156,7 @@ def _static_kn(rec: QuantLinear) -> str | None:
 def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
     """AUTO only: decline a static M where the kernel was measured slower than `other`. A symbolic M is taken:
     the op launches, per M bucket, the kernel a static M there gets, and (woq-int8) hands M above the crossover
-    to dequant + cuBLAS itself (`int8_ops._run`, `emit.triton_int8._dense_above`)."""
+    to dequant + cuBLAS itself (`kernels.triton.int8.ops._run`, `emit.triton_int8._dense_above`)."""
     if is_static(rec.m) and max_m is not None and int(rec.m) > max_m:
         return f"M={int(rec.m)} > {max_m}: measured slower than {other} on sm_90"
     return None
@@ -258,7 +258,7 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     Weight-only MX at a static M above the decode kernels' range: the tile kernel ran 0.16-0.43x bf16 at
     M=128-4096 on sm_90, the emulation (dequantize once, bf16 matmul) 0.85-0.93x of bf16 at M=4096 (BENCHMARKS.md,
     "CUDA, mx"). A symbolic M keeps the Triton op (its decode buckets serve M <= 16, where it is 2x bf16).
-    MXFP4 weights with bf16 x keep it at every M: its `mx_bf16` kernels (mx_ops.pick_weight_only's table).
+    MXFP4 weights with bf16 x keep it at every M: its bf16-decode kernels (`kernels.triton.mx.bf16`, `mx.ops.pick_weight_only`'s table).
     """
     from qlower.lowerings.kernels.triton.mx.ops import (  # no Triton import: mx/ops.py imports it: read lazily
         DECODE_MAX_M,
@@ -269,7 +269,7 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
 
     if rec.act_quant is None:
         if bf16_decodes(rec.compute_dtype, ELEM_CODE[rec.weight_mx.elem]):
-            return None  # MXFP4 with bf16 x: `mx_bf16` at every M (its dequantize + cuBLAS above M = 64)
+            return None  # MXFP4 with bf16 x: the bf16-decode kernels (mx/bf16.py) at every M (its dequantize + cuBLAS above M = 64)
         if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
             return (
                 f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "
