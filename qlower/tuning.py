@@ -78,7 +78,7 @@ __all__ = [
 
 
 def triton_kernel_names() -> frozenset[str]:
-    """Names of qlower's Triton kernels (the `triton.jit` functions of lowerings/kernels/triton), as a profiler
+    """Names of qlower's Triton kernels (the `triton.jit` functions under lowerings/kernels/triton, its family folders included), as a profiler
     names their launches (`scripts/bench_model.py --kernel-split`)."""
     import importlib
     import pkgutil
@@ -88,8 +88,8 @@ def triton_kernel_names() -> frozenset[str]:
     from qlower.lowerings.kernels import triton as qtriton
 
     names = set()
-    for info in pkgutil.iter_modules(qtriton.__path__):
-        mod = importlib.import_module(f"{qtriton.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(qtriton.__path__, prefix=f"{qtriton.__name__}."):  # int8/, mx/ too
+        mod = importlib.import_module(info.name)
         for obj in vars(mod).values():
             while not isinstance(obj, triton.JITFunction) and hasattr(obj, "fn"):  # autotuned, heuristics
                 obj = obj.fn
