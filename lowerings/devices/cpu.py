@@ -5,7 +5,8 @@ a GEMV per row, so its cost grows linearly with M (bf16: ~0.55 ms per row at 409
 the weight (2.2 ms into a reused buffer, see `SCRATCH_MIN_BYTES`) + bf16 GEMM costs little more than the GEMM:
 the packed kernel wins up to M=8. With fp16/fp32 activations the packed kernel is slow
 (7-9 ms at M=1) and only wins at M=1. With bf16 on AVX512 it needs K % 16 == 0 and does not check it
-(wrong numbers for K=8/24/40, a segfault for K=7/33: shared/notes/torch-internals.md).
+(wrong numbers for K=8/24/40, a segfault for K=7/33;
+tests/test_woq_compile.py::test_bf16_odd_k_never_crashes_or_miscomputes).
 """
 
 from __future__ import annotations
