@@ -65,10 +65,11 @@ def emit_traced(
             cache[full_key] = sub
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     val_map: dict[fx.Node, Any] = dict(zip(placeholders, tensors, strict=True))
-    before = set(em.graph.nodes)
     with em.graph.inserting_before(em.before):
         out = em.graph.graph_copy(sub.graph, val_map)
-    new = [node for node in em.graph.nodes if node not in before]
+    new = _inserted_before(
+        em.before, sum(1 for n in sub.graph.nodes if n.op not in ("placeholder", "output"))
+    )
     for node in new:
         node.meta["qlower"] = True
     if reused:
@@ -77,6 +78,16 @@ def emit_traced(
         _refresh_fakes(em.graph, new, fake_mode)
     assert isinstance(out, fx.Node)
     return out
+
+
+def _inserted_before(anchor: fx.Node, count: int) -> list[fx.Node]:
+    """The `count` nodes just inserted before `anchor`, in graph order: walked back from it, not found by
+    comparing the whole graph before and after (which costs a graph's size per linear)."""
+    nodes, node = [], anchor
+    for _ in range(count):
+        node = node.prev
+        nodes.append(node)
+    return nodes[::-1]
 
 
 def shares_branches() -> bool:

@@ -9,9 +9,10 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish, host_branches, product_dtype, scale_epilogue
+from qlower.lowerings.emit.common import Emitter, finish, host_branches, scale_epilogue
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import emitting_under
+from qlower.lowerings.scale_facts import product_dtype
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
