@@ -3,8 +3,11 @@
 `QLOWER_LOG=1` sends each decision to the `qlower` logger at INFO. `QLOWER_DUMP_GRAPHS=DIR` writes every
 graph the pass receives, before any rewrite, to DIR/graph_<pid>_<n>.txt (one line per node with its dtype and
 shape): what a pattern saw when a linear was not recognized, on a machine where only the log comes back.
-One report per compile in which qlower's pass runs (`start_graph`); a compile Inductor serves whole from its
-AOTAutograd cache never runs the pass and opens none (`QLowerPass.uuid`, the cache key, changes nothing).
+One report per compile in which qlower's pass runs (`start_graph`). A compile Inductor serves whole from its
+AOTAutograd cache never runs the pass (an FX graph cache hit does: Inductor runs the joint-graph passes before
+it looks up that cache); such a compile gets a report of its own that says so (`pass_ran=False`,
+`SERVED_FROM_CACHE`), so `last_report()` never shows another compile's rows (`note_cache_key`,
+tests/test_report_cache.py).
 
 A row names the module its linear came from (`module`: the innermost entry of the `nn_module_stack` Dynamo
 keeps in each node's meta, as a qualified name such as `layers.3.mlp.down_proj`), prints a symbolic M as its
@@ -285,6 +288,7 @@ class Report:
     # True for every report a compile opens (the pass opens it when it runs); False marks a report built to say
     # that a compile was served whole from Inductor's AOTAutograd cache (`SERVED_FROM_CACHE`).
     pass_ran: bool = True
+    options: str = ""  # a served compile's pass configuration (`QLowerPass.__repr__`)
     # False for the stand-in `last_report()` returns before any compile carrying qlower's pass opened one.
     opened: bool = True
 
@@ -323,7 +327,8 @@ class Report:
         if not self.opened:
             return f"qlower report: {NO_COMPILE_YET}"
         if not self.pass_ran:
-            return f"qlower report (compile {self.compile_id}): {SERVED_FROM_CACHE}"
+            with_options = f" with {self.options}" if self.options else ""
+            return f"qlower report (compile {self.compile_id}{with_options}): {SERVED_FROM_CACHE}"
         if not rows:
             return f"qlower report (compile {self.compile_id}): no candidate linears"
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -391,10 +396,46 @@ def _append(report: Report) -> None:
     del _reports[:-64]
 
 
+# The Dynamo compiles running now that carry a qlower pass (Inductor's caches asked it for its key), by
+# compile id: the pass's configuration (`QLowerPass.__repr__`), and whether the pass ran in it.
+_carrying: dict[str, list] = {}
+
+
+def _compile_ended(args: Any) -> None:
+    """Dynamo's end-of-compile callback: a compile that carried a qlower pass which never ran in it was served
+    whole from the AOTAutograd cache, and gets a report of its own saying so."""
+    from torch._dynamo.callback import CallbackTrigger
+
+    if args.callback_trigger != CallbackTrigger.DYNAMO:
+        return
+    with _lock:
+        entry = _carrying.pop(str(args.compile_id), None)
+        if entry is not None and not entry[1]:
+            _append(Report(str(args.compile_id), pass_ran=False, options=entry[0]))
+
+
+def note_cache_key(pass_config: str) -> None:
+    """Inductor's caches asked a qlower pass for its key: the Dynamo compile running now (if any) carries it.
+
+    Dynamo's end callback (registered here, since `torch._dynamo.reset()` clears callbacks) then tells whether
+    the pass ran in it (`start_graph`)."""
+    cid = torch._guards.CompileContext.current_compile_id()
+    if cid is None:  # outside a Dynamo compile: a pass manager asking from its configuration, AOTInductor
+        return
+    from torch._dynamo.callback import callback_handler
+
+    with _lock:
+        _carrying.setdefault(str(cid), [pass_config, False])
+        if _compile_ended not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(_compile_ended)
+
+
 def start_graph() -> Report:
     """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
     cid, context = _current_compile()
     with _lock:
+        if cid is not None and cid in _carrying:
+            _carrying[cid][1] = True
         report = _by_context.get(context) if context is not None else None
         if report is None:
             report = Report(cid)

@@ -1,13 +1,14 @@
-"""AOTInductor packages that call qlower's C shims load wherever they are copied.
+"""AOTInductor packages that call qlower's C shims run wherever they are copied, with nothing but torch.
 
-Two packages (woq-int8, dynamic batch: one wrapper calls `aoti_torch_cpu_woq_int8_mm_by_m`, the other
-`aoti_torch_cpu_woq_int8_gemm`, whose kernel is compiled into the package) are exported with a private qlower
-cache, copied into a fresh folder, and the export's cache and folder are deleted. Each load
-then runs in a fresh process, in that folder, with `QLOWER_CACHE_DIR` pointing at a new empty directory:
-- with qlower's Python (`qlower.load_ops()`: its Python kernels serve the ops);
-- without qlower's Python, on the ops library `python -m qlower ops-library` wrote (the recipe in docs/aoti.md).
-Both match eager at M = 1 and M = 300 (the by-M op's packed kernel and dequant + GEMM). Two AOTI compiles
-on CPU; on CUDA (gpu) one per family, loaded with `qlower.load_ops()`.
+Every shim of a qlower op calls the op's C++ kernel compiled into the package's own wrapper
+(lowerings/kernels/cpp_build.py, DIRECT_KERNELS), so a package needs no qlower op registered. Packages
+(woq-int8 pinned to each qlower op a CPU wrapper can call, with a `Dim` batch; and one model holding every
+family, static and `Dim` batch) are exported with a private qlower cache, copied into a fresh folder, and the
+export's cache and folder are deleted. Each then runs in a fresh process, in that folder, with
+`QLOWER_CACHE_DIR` pointing at a new empty directory, four ways (`WAYS`): qlower blocked (its import fails),
+after `import qlower` alone, after `qlower.load_ops()`, and on the ops library `python -m qlower ops-library`
+wrote (a C++ deployment's recipe, docs/aoti.md). Each matches eager at every batch size it was run with, and
+builds nothing. On CUDA (gpu), one package per family, run the first three ways.
 """
 
 from __future__ import annotations
@@ -27,18 +28,20 @@ import torch.nn.functional as F
 from aoti_cuda import needs_cuda_package_load
 from conftest import SUBPROCESS_TIMEOUT_S
 from cpu_woq_choice import with_woq_gemm, without_woq_gemm
-from test_aoti_export import quantized_mlp
+from test_aoti_export import quantize_mx, quantized_mlp
 from torch import nn
 
 import qlower
 from qlower.lowerings.aoti import cli
+from qlower.quantize import QUANTIZERS
 
 BF16 = torch.bfloat16
 K, N = 512, 256
 SIZES = (1, 300)  # either side of the CPU by-M crossover (64)
-# The package's one qlower op: the by-M op's shim calls the dispatcher, woq_int8_gemm's the kernel compiled
-# into the package (lowerings/kernels/cpp_build.py, DIRECT_KERNELS).
+STATIC_M = 8  # the batch a static package was exported with, and the only one it runs
+# The qlower ops a CPU wrapper can call for woq-int8 with a dynamic batch, each pinned by `moved`.
 OPS = ("woq_int8_mm_by_m", "woq_int8_gemm")
+PACKAGES = (*OPS, "families_dim", "families_static")
 
 
 class Int8Linear(nn.Module):
@@ -53,27 +56,44 @@ class Int8Linear(nn.Module):
         return F.linear(x, self.w.to(x.dtype)) * self.s
 
 
+def every_family_model(device: str = "cpu") -> nn.Module:
+    """Two 64x64 linears per family (woq-int8, dynamic int8, MX fp8 then fp4), chained: one package holds
+    every family."""
+    torch.manual_seed(0)
+    blocks = []
+    for family in qlower.FAMILIES:
+        block = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).to(BF16)
+        quantize = QUANTIZERS.get(family) or {"mx": quantize_mx}[family]
+        assert quantize(block) == 2, family
+        blocks.append(block)
+    return nn.Sequential(*blocks).to(device).eval()
+
+
 @dataclass
 class Moved:
     folder: Path  # holds model.pt2, io.pt (inputs, eager outputs) and libqlower_ops.so, nothing else
     report: qlower.Report
     wrapper: str
     export_cache: Path  # deleted
-    op: str = ""  # the qlower op its wrapper calls (OPS)
+    name: str = ""  # PACKAGES' entry
+    sizes: tuple[int, ...] = SIZES  # the batch sizes io.pt holds
 
     @property
     def shim(self) -> str:
-        return f"aoti_torch_cpu_{self.op}"
+        return f"aoti_torch_cpu_{self.name}"
 
 
-def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: Path | None = None) -> Moved:
-    """Export `model` (dynamic batch) with a private qlower cache, copy the package (and `ops_library`) into a
-    fresh folder with the eager outputs at every M in SIZES, and delete the export's cache and folder."""
+def export_and_move(
+    model: nn.Module, x: torch.Tensor, root: Path, ops_library: Path | None = None, dynamic: bool = True
+) -> Moved:
+    """Export `model` (a `Dim` batch, else static) with a private qlower cache, copy the package (and
+    `ops_library`) into a fresh folder with the eager outputs at every M in SIZES (a static package: its
+    own M), and delete the export's cache and folder."""
     export_dir, export_cache, folder = root / "export", root / "export_cache", root / "elsewhere"
     export_dir.mkdir()
     folder.mkdir()
     batch = torch.export.Dim("batch", min=1, max=4096)
-    ep = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: batch},) if dynamic else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QLOWER_CACHE_DIR", str(export_cache))
         qlower.clear_reports()
@@ -87,19 +107,20 @@ def export_and_move(model: nn.Module, x: torch.Tensor, root: Path, ops_library: 
     with zipfile.ZipFile(path) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
         wrapper = z.read(name).decode()
-    xs = [torch.randn(m, *x.shape[1:], dtype=x.dtype, device=x.device) for m in SIZES]
+    sizes = SIZES if dynamic else (x.shape[0],)
+    xs = [torch.randn(m, *x.shape[1:], dtype=x.dtype, device=x.device) for m in sizes]
     with torch.no_grad():
         torch.save({"x": xs, "want": [model(x) for x in xs]}, folder / "io.pt")
     shutil.copy(path, folder / "model.pt2")
     shutil.rmtree(export_cache, ignore_errors=True)  # absent where no shim library was built (CUDA Triton)
     shutil.rmtree(export_dir)
-    return Moved(folder, report, wrapper, export_cache)
+    return Moved(folder, report, wrapper, export_cache, sizes=sizes)
 
 
 @pytest.fixture(scope="module")
 def ops_library(tmp_path_factory) -> Path:
     """libqlower_ops.so as `python -m qlower ops-library` writes it, from a private qlower cache deleted
-    afterwards. Built once for both packages: it holds every op whichever one a package calls, and its C++
+    afterwards. Built once for every package: it holds every op whichever one a package calls, and its C++
     build is the slowest step of a package's set-up."""
     root = tmp_path_factory.mktemp("ops_library")
     with pytest.MonkeyPatch.context() as mp:
@@ -110,16 +131,23 @@ def ops_library(tmp_path_factory) -> Path:
     return lib
 
 
-@pytest.fixture(scope="module", params=list(OPS))
+@pytest.fixture(scope="module", params=list(PACKAGES))
 def moved(request, tmp_path_factory, ops_library: Path) -> Moved:
-    """The package calling OPS[param]: AUTO's choice pinned, since it depends on the CPU's ISA level."""
-    torch.manual_seed(0)
-    model = Int8Linear(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=BF16) / 64)
-    x = torch.randn(8, K, dtype=BF16)
-    with pytest.MonkeyPatch.context() as mp:
-        (with_woq_gemm if request.param == "woq_int8_gemm" else without_woq_gemm)(mp)
-        moved = export_and_move(model, x, tmp_path_factory.mktemp("portable"), ops_library)
-    moved.op = request.param
+    """PACKAGES[param]: a woq-int8 package calling that qlower op (AUTO's choice pinned, since it depends on
+    the CPU's ISA level), or the every-family model with a `Dim` or a static batch."""
+    root = tmp_path_factory.mktemp("portable")
+    if request.param in OPS:
+        torch.manual_seed(0)
+        model = Int8Linear(torch.randint(-127, 128, (N, K), dtype=torch.int8), torch.rand(N, dtype=BF16) / 64)
+        with pytest.MonkeyPatch.context() as mp:
+            (with_woq_gemm if request.param == "woq_int8_gemm" else without_woq_gemm)(mp)
+            moved = export_and_move(model, torch.randn(8, K, dtype=BF16), root, ops_library)
+    else:
+        x = torch.randn(STATIC_M, 64, dtype=BF16)
+        moved = export_and_move(
+            every_family_model(), x, root, ops_library, dynamic=request.param == "families_dim"
+        )
+    moved.name = request.param
     return moved
 
 
@@ -146,8 +174,8 @@ def run_fresh(moved: Moved, script: str, tmp_path: Path) -> list[torch.Tensor]:
 
 def assert_matches_eager(moved: Moved, outs: list[torch.Tensor]) -> None:
     io = torch.load(moved.folder / "io.pt")
-    assert len(outs) == len(SIZES)
-    for m, got, want in zip(SIZES, outs, io["want"], strict=True):
+    assert len(outs) == len(moved.sizes)
+    for m, got, want in zip(moved.sizes, outs, io["want"], strict=True):
         assert got.shape == want.shape and got.shape[0] == m and got.dtype == want.dtype
         err = (got.float() - want.float()).abs().max().item()
         assert err <= 0.02 * want.float().abs().max().item(), f"M={m}: max error {err}"
@@ -166,80 +194,43 @@ def _elf(args: list[str], path: Path) -> str:
 
 
 def test_the_package_calls_qlower_through_its_c_shim(moved):
-    assert [d.lowering for d in moved.report.lowered] == [f"qlower.{moved.op}"], moved.report.table()
-    assert f"AOTI_TORCH_ERROR_CODE_CHECK({moved.shim}(" in moved.wrapper
     assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
-
-
-_WITH_QLOWER = """
-import sys, torch, qlower
-qlower.load_ops()
-runner = torch._inductor.aoti_load_package("model.pt2")
-with torch.no_grad():
-    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
-print("ok")
-"""
-
-
-def test_moved_package_loads_with_import_qlower_and_an_empty_cache(moved, tmp_path):
-    assert_matches_eager(moved, run_fresh(moved, _WITH_QLOWER, tmp_path))
-
-
-_WITHOUT_QLOWER = """
-import sys
-sys.modules["qlower"] = None  # any import of qlower fails
-import torch
-torch.ops.load_library("./libqlower_ops.so")
-runner = torch._inductor.aoti_load_package("model.pt2")
-with torch.no_grad():
-    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
-assert not any(m.startswith("qlower.") for m in sys.modules)
-print("ok")
-"""
-
-
-def test_moved_package_serves_without_qlower_python_on_the_ops_library(moved, tmp_path):
-    assert_matches_eager(moved, run_fresh(moved, _WITHOUT_QLOWER, tmp_path))
-
-
-_NEITHER = """
-import sys
-sys.modules["qlower"] = None
-import torch
-runner = torch._inductor.aoti_load_package("model.pt2")
-try:
-    runner(torch.load("io.pt")["x"][0])
-except RuntimeError as e:
-    print(e)
-"""
-
-
-_NEITHER_SERVED = """
-import sys
-sys.modules["qlower"] = None
-import torch
-runner = torch._inductor.aoti_load_package("model.pt2")
-with torch.no_grad():
-    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
-print("ok")
-"""
-
-
-def test_without_registered_ops_the_package_raises_naming_the_op(moved, tmp_path):
-    """Neither `import qlower` nor the ops library: an exception that names the op, never a crash; a package
-    whose op has a kernel of its own inside (woq_int8_gemm) serves anyway."""
-    if moved.op == "woq_int8_gemm":
-        assert_matches_eager(moved, run_fresh(moved, _NEITHER_SERVED, tmp_path))
+    if moved.name not in OPS:
+        rows = {d.family for d in moved.report.lowered}
+        assert rows == set(qlower.FAMILIES) and len(moved.report.lowered) == 6, moved.report.table()
         return
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_NEITHER)],
-        cwd=moved.folder,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"Could not find schema for qlower::{moved.op}" in proc.stdout, proc.stdout[-2000:]
+    assert [d.lowering for d in moved.report.lowered] == [f"qlower.{moved.name}"], moved.report.table()
+    assert f"AOTI_TORCH_ERROR_CODE_CHECK({moved.shim}(" in moved.wrapper
+
+
+# How a process runs a package it was given (the script's preamble): qlower cannot be imported at all; only
+# `import qlower` (which registers no op); `qlower.load_ops()`; the C++ ops library, qlower blocked.
+WAYS = {
+    "qlower_blocked": 'sys.modules["qlower"] = None  # any import of qlower fails\nimport torch',
+    "import_qlower": "import torch, qlower",
+    "load_ops": "import torch, qlower\nqlower.load_ops()",
+    "ops_library": 'sys.modules["qlower"] = None\nimport torch\ntorch.ops.load_library("./libqlower_ops.so")',
+}
+_RUN = """
+import sys
+{preamble}
+runner = torch._inductor.aoti_load_package("model.pt2")
+with torch.no_grad():
+    torch.save([runner(x) for x in torch.load("io.pt")["x"]], sys.argv[1])
+if {blocked}:
+    assert not any(m == "qlower" or m.startswith("qlower.") for m in sys.modules if sys.modules[m] is not None)
+print("ok")
+"""
+
+
+def run_script(way: str) -> str:
+    return _RUN.format(preamble=WAYS[way], blocked=way in ("qlower_blocked", "ops_library"))
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_moved_package_runs_in_a_fresh_process(moved, way, tmp_path):
+    """Every way matches eager; the package builds nothing where it runs (`run_fresh`)."""
+    assert_matches_eager(moved, run_fresh(moved, run_script(way), tmp_path))
 
 
 def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_path):
@@ -248,6 +239,8 @@ def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_
     dynamic = _elf(["readelf", "-d"], so)
     assert "qlower" not in dynamic, dynamic  # no NEEDED libqlower_*, no RPATH/RUNPATH into a qlower cache
     assert str(moved.export_cache) not in so.read_bytes().decode("latin-1")
+    if moved.name not in OPS:
+        return
     assert f" {moved.shim}\n" in _elf(["nm", "--defined-only"], so)
     # hidden: another package's copy of the same shim (or a loaded shim library) cannot take its place
     assert f" {moved.shim}\n" not in _elf(["nm", "-D", "--defined-only"], so)
@@ -256,8 +249,9 @@ def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_
 @pytest.mark.gpu
 @needs_cuda_package_load
 @pytest.mark.parametrize("family", list(qlower.FAMILIES))
-def test_moved_cuda_package_loads_with_import_qlower_and_an_empty_cache(family, tmp_path):
-    """CUDA wrappers link the same way: the qlower ops a family emits there are called through shims inside."""
+def test_moved_cuda_package_runs_in_fresh_processes(family, tmp_path):
+    """CUDA wrappers link the same way: the qlower ops a family emits there are called through shims inside,
+    and the package runs with qlower blocked, imported, and after load_ops()."""
     root = tmp_path / "export_root"
     root.mkdir()
     moved = export_and_move(
@@ -266,4 +260,7 @@ def test_moved_cuda_package_loads_with_import_qlower_and_an_empty_cache(family, 
     assert len(moved.report.lowered) == 2, moved.report.table()
     assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
     assert "qlower" not in _elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
-    assert_matches_eager(moved, run_fresh(moved, _WITH_QLOWER, tmp_path))
+    for way in ("qlower_blocked", "import_qlower", "load_ops"):
+        run_dir = tmp_path / way
+        run_dir.mkdir()
+        assert_matches_eager(moved, run_fresh(moved, run_script(way), run_dir))

@@ -20,6 +20,7 @@ from torch import fx
 import qlower
 from qlower.lowerings.aoti import abi_lock, build, cli, codegen, runtime
 from qlower.lowerings.aoti import shim_ops as ops
+from qlower.lowerings.kernels import cpp_build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,3 +294,28 @@ def test_aot_compile_notes_go_with_the_compiles_own_copy_of_the_options():
 
 def op_named(shims: dict, name: str) -> bool:
     return any(op.name() == name for op in shims)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "xpu"])
+def test_every_shimmed_qlower_op_calls_its_kernel_directly(device):
+    """A package calls no qlower op through the dispatcher: it runs where no qlower op is registered
+    (tests/test_aoti_portable.py runs packages so). The one exception is a shim kept for the ABI of an op
+    qlower emits on another device only (woq_int8_gemm, a CPU kernel, has cuda and xpu shims)."""
+    shim_plan = codegen.plan(device, ops.ops_for_device(device), direct_kernels=True)
+    qlower_shims = [s for s in shim_plan.shims if s.op.startswith("qlower::")]
+    assert qlower_shims
+    for shim in qlower_shims:
+        kernel_device, _ = cpp_build.DIRECT_KERNELS[shim.op]  # every qlower op has a C++ kernel
+        if kernel_device in (device, cpp_build.ANY_DEVICE):
+            assert f"qlower_call_qlower_{shim.op.split('::')[1]}(" in shim.definition, shim.definition
+        else:
+            assert "qlower_dispatch_" in shim.definition, shim.definition
+    assert "qlower_ops.cpp" in shim_plan.kernel_sources
+    assert ("woq_gemm.cpp" in shim_plan.kernel_sources) == (device == "cpu")
+
+
+def test_a_dispatcher_shim_names_the_op_and_the_fix():
+    """Without direct kernels (an op that had none), the shim's error says what to load."""
+    source = codegen.render_source(codegen.plan("cpu", ops.ops_for_device("cpu")), "custom-ops")
+    assert "qlower::woq_int8_mm_by_m, which no library in this process registers" in source
+    assert "qlower.load_ops()" in source and "python -m qlower ops-library" in source

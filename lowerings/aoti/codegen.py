@@ -29,7 +29,7 @@ from qlower.lowerings.aoti.shim_ops import (
     parsed_native_yaml,
     torch_shim_symbols,
 )
-from qlower.lowerings.kernels.cpp_build import DIRECT_KERNELS
+from qlower.lowerings.kernels.cpp_build import direct_kernel
 
 _VERSIONED = re.compile(r"(.+)_v(\d+)")
 _DECLARED = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
@@ -115,6 +115,14 @@ def _resolve(op: ShimOp, notes: list[str]) -> ShimOp:
     )
 
 
+# What a shim that calls the dispatcher says where its op is not registered (a C++ string literal).
+_UNREGISTERED = (
+    "this AOTInductor package calls {op}, which no library in this process registers: run "
+    "qlower.load_ops() before loading the package, or load the library `python -m qlower ops-library` writes "
+    "with torch.ops.load_library (docs/aoti.md, Serving)"
+)
+
+
 def _dispatcher_helper(op: ShimOp) -> tuple[str, str]:
     """(C++ function name, C++ definition) of a typed dispatcher call to a non-aten op."""
     if op.schema.is_out_fn() or op.schema.kind().name != "functional":
@@ -124,9 +132,12 @@ def _dispatcher_helper(op: ShimOp) -> tuple[str, str]:
     args = ", ".join(a.name for a in sig.arguments())
     body = (
         f"{sig.decl(name=fn)} {{\n"
-        f"  static auto op = c10::Dispatcher::singleton()\n"
-        f'      .findSchemaOrThrow("{op.namespace}::{op.name}", "{op.overload}")\n'
-        f"      .typed<{sig.type()}>();\n"
+        f"  static auto op = [] {{\n"
+        f'    auto handle = c10::Dispatcher::singleton().findSchema({{"{op.namespace}::{op.name}", '
+        f'"{op.overload}"}});\n'
+        f'    TORCH_CHECK(handle.has_value(), "{_UNREGISTERED.format(op=op.qualified)}");\n'
+        f"    return handle->typed<{sig.type()}>();\n"
+        f"  }}();\n"
         f"  return op.call({args});\n"
         f"}}"
     )
@@ -135,9 +146,10 @@ def _dispatcher_helper(op: ShimOp) -> tuple[str, str]:
 
 def _direct_helper(op: ShimOp) -> tuple[str, str, str]:
     """(C++ function name, its definition, the kernel's declaration) of a shim's direct call to the C++
-    kernel `<namespace>::<name>` (cpp_build.DIRECT_KERNELS), whose parameters are the dispatcher's."""
+    kernel `<namespace>::<name>` (cpp_build.DIRECT_KERNELS), whose parameters are the dispatcher's with
+    plain integers (`int64_t`, not `c10::SymInt`: a package calls with concrete sizes)."""
     fn = f"qlower_call_{op.namespace}_{op.name}"
-    sig = DispatcherSignature.from_schema(op.schema)
+    sig = DispatcherSignature.from_schema(op.schema, symint=False)
     args = ", ".join(a.name for a in sig.arguments())
     declaration = f"namespace {op.namespace} {{\n{sig.decl(name=op.name)};\n}}"
     body = f"{sig.decl(name=fn)} {{\n  return ::{op.namespace}::{op.name}({args});\n}}"
@@ -148,16 +160,16 @@ def _one_shim(
     device: str, op: ShimOp, plan: ShimPlan, versions: dict[str, dict], direct: bool = False
 ) -> list[Shim]:
     """torchgen's shims of `op`, newest version first (one per `vN` in its version metadata, plus v1)."""
-    kernel = DIRECT_KERNELS.get(op.qualified) if direct else None
+    source = direct_kernel(op.qualified, device) if direct else None
     if op.native is not None:
         call = gen_static_dispatch_backend_call(op.native, None)
         include = get_header_for_aoti(op.native, {}, None, parsed_native_yaml().backend_indices, False)
-    elif kernel is not None and kernel[0] == device and not op.overload:
+    elif source is not None and not op.overload:
         call, helper, declaration = _direct_helper(op)
         plan.helpers.append(helper)
         plan.kernel_declarations.append(declaration)
-        if kernel[1] not in plan.kernel_sources:
-            plan.kernel_sources.append(kernel[1])
+        if source not in plan.kernel_sources:
+            plan.kernel_sources.append(source)
         include = None
     else:
         call, helper = _dispatcher_helper(op)

@@ -267,11 +267,27 @@ def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()
 
 
 NATIVE_SOURCES = ("woq_gemm.cpp",)
-# qlower ops whose kernel is a C++ function of NATIVE_SOURCES named like the op (`qlower::woq_int8_gemm`):
-# op -> (device, source). The C shims of that device call the function itself, compiled into the shim
-# library (`#define QLOWER_KERNEL_ONLY`, nothing registered), so a package runs the kernel from its own
-# wrapper: no dispatcher, and no libqlower_native.so to build where the package loads (lowerings/aoti/codegen.py).
-DIRECT_KERNELS: dict[str, tuple[str, str]] = {"qlower::woq_int8_gemm": ("cpu", "woq_gemm.cpp")}
+ANY_DEVICE = "*"
+# qlower ops whose kernel is a C++ function of csrc/ named like the op (`qlower::woq_int8_gemm`): op ->
+# (device, or ANY_DEVICE for a kernel of aten calls alone; source). The C shims of those devices call the
+# function itself, compiled into the shim library (`#define QLOWER_KERNEL_ONLY`, nothing registered), so a
+# package runs the kernel from its own wrapper: no dispatcher, no qlower op registered, no library to build
+# where the package loads (lowerings/aoti/codegen.py). Every op a package can call is here
+# (tests/test_aoti_shims.py::test_every_shimmed_qlower_op_calls_its_kernel_directly).
+DIRECT_KERNELS: dict[str, tuple[str, str]] = {
+    "qlower::woq_int8_gemm": ("cpu", "woq_gemm.cpp"),
+    "qlower::woq_int8_mm_by_m": (ANY_DEVICE, "qlower_ops.cpp"),
+    "qlower::int8_mm_min_m": (ANY_DEVICE, "qlower_ops.cpp"),
+    "qlower::mx_bytes": (ANY_DEVICE, "qlower_ops.cpp"),
+}
+
+
+def direct_kernel(op: str, device: str) -> str | None:
+    """The csrc/ file holding `op`'s C++ kernel when the shims of `device` call it directly, else None."""
+    entry = DIRECT_KERNELS.get(op)
+    if entry is None or entry[0] not in (device, ANY_DEVICE):
+        return None
+    return entry[1]
 
 
 def kernel_only_sources(names: list[str]) -> dict[str, str]:
