@@ -14,6 +14,10 @@ every batch entry. That is `mm(x.reshape(B*S, K), w2d)` viewed back to [B, S, N]
 Export's `aten._assert_tensor_metadata` checks go first (`drop_metadata_asserts`): no-ops to Inductor, but
 extra users in the middle of the chains the recognizers walk.
 
+A producer library's own op whose arithmetic is proven (`patterns/producers.py`: optimum-quanto's
+`quanto::qbytes_mm`) becomes the aten form its family records (`decompose_producer_ops`), where that family
+is enabled: the recognizers then lower it like any other linear.
+
 Layout chains are followed through view / reshape / unsqueeze / squeeze and permutes. A chain is a pure
 reshape when no permute reorders dimensions of size other than 1; the weight side may also swap its two
 non-unit dimensions (the `nk` spelling: w transposed).
@@ -21,11 +25,14 @@ non-unit dimensions (the `nk` spelling: w transposed).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any
 
+import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import Emitter
+from qlower.patterns import FAMILIES, dynamic_int8, producers
 from qlower.patterns.graph_utils import aten, is_call, is_static, known_eq, prims, tensor_val
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -265,11 +272,110 @@ def drop_metadata_asserts(graph: fx.Graph) -> int:
     return len(asserts)
 
 
-def canonicalize(graph: fx.Graph) -> int:
-    """Every rewrite of this module, in order; returns how many `bmm`s became `mm`."""
+def canonicalize(graph: fx.Graph, families: Collection[str] = tuple(FAMILIES)) -> int:
+    """Every rewrite of this module, in order; returns how many `bmm`s became `mm`. Producer ops are
+    decomposed for the enabled `families` only: a family that is off leaves the producer's kernel."""
     drop_metadata_asserts(graph)
+    decompose_producer_ops(graph, families)
     converts_above_expands(graph)
     return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph)
+
+
+class _Recording(Emitter):
+    """An Emitter (unmarked: the recognizers must see its nodes) that keeps the nodes it made, to erase them
+    when the family does not record what they compute."""
+
+    def __init__(self, graph: fx.Graph, before: fx.Node) -> None:
+        super().__init__(graph, before, mark=False)
+        self.made: list[fx.Node] = []
+
+    def call(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().call(target, *args, **kwargs)
+        self.made.append(node)
+        return node
+
+
+def _size(em: Emitter, node: fx.Node, dim: int) -> Any:
+    """Dimension `dim` of `node`: an int, or a `sym_size` node where it is symbolic (a graph argument)."""
+    v = tensor_val(node)
+    assert v is not None
+    s = v.shape[dim]
+    return s if is_static(s) else em.call(aten.sym_size.int, node, dim % v.dim())
+
+
+def _rows_2d(em: Emitter, x: fx.Node) -> fx.Node:
+    """x [..., K] as [M, K] (itself when 2-D)."""
+    v = tensor_val(x)
+    return x if v is not None and v.dim() == 2 else em.call(aten.reshape.default, x, [-1, _size(em, x, -1)])
+
+
+def _rows_nd(em: Emitter, y: fx.Node, x: fx.Node) -> fx.Node:
+    """y [M, N] as x's leading dims + [N] (itself when x is 2-D)."""
+    v = tensor_val(x)
+    assert v is not None
+    if v.dim() == 2:
+        return y
+    return em.call(aten.reshape.default, y, [*(_size(em, x, i) for i in range(v.dim() - 1)), _size(em, y, 1)])
+
+
+def _weight_only(em: Emitter, f: producers.ProducerLinear) -> fx.Node:
+    """The op's definition for a float activation (patterns/producers.py `_qbytes_mm`):
+    mm(x.to(dt), (w.to(dt) * s).t()), woq_int8's scale on the weight. The convert of int8 is exact and the
+    product rounds once, as eager's `s * w` (a commuted multiply is the same value)."""
+    x = em.convert(_rows_2d(em, f.x), f.out_dtype)
+    w = em.call(aten.mul.Tensor, em.convert(f.weight, f.out_dtype), f.scale)
+    return _rows_nd(em, em.call(aten.mm.default, x, em.transpose(w)), f.x)
+
+
+def _int8_product(em: Emitter, f: producers.ProducerLinear) -> fx.Node:
+    """int8 activation and weight: `_int_mm(x, w.t())` (exact int32), in fp32 times the activation's scale 1
+    (quanto folded it into `s`: an exact multiply, the per-tensor scale dynamic_int8's record needs) and
+    `s.t()`, rounded once to `s`'s dtype: the op's own int8 kernel, operation for operation."""
+    x = _rows_2d(em, f.x)
+    acc = em.call(
+        prims.convert_element_type.default,
+        em.call(aten._int_mm.default, x, em.transpose(f.weight)),
+        torch.float32,
+    )
+    y = em.call(
+        aten.mul.Tensor, em.call(aten.mul.Tensor, acc, 1.0), em.call(aten.reshape.default, f.scale, [1, -1])
+    )
+    return _rows_nd(em, em.convert(y, f.out_dtype), f.x)
+
+
+# family -> (builder, whether that family records the built form at its matmul: checked before the producer's
+# kernel is replaced, so a form the recognizer turns down keeps the producer's own kernel and its row)
+_BUILDERS: dict[
+    str, tuple[Callable[[Emitter, producers.ProducerLinear], fx.Node], Callable[[fx.Node], bool] | None]
+] = {
+    # the op's definition: correct on every device as aten, so Inductor may compute it if woq_int8 declines
+    "woq_int8": (_weight_only, None),
+    # `_int_mm` left to Inductor has shape rules of its own on some devices: only where dynamic_int8 records it
+    "dynamic_int8": (_int8_product, dynamic_int8.describes),
+}
+
+
+def decompose_producer_ops(graph: fx.Graph, families: Collection[str] = tuple(FAMILIES)) -> int:
+    """Replace every call of a known producer op (`producers.KNOWN`) whose form is proven, and whose family
+    is in `families`, by that aten form; returns how many. The rest stay, and get a row naming the op
+    (patterns/unclaimed.py)."""
+    done = 0
+    for node in list(graph.nodes):
+        found = producers.known_linear(node)
+        if not isinstance(found, producers.ProducerLinear) or found.family not in families:
+            continue
+        build, records = _BUILDERS[found.family]
+        em = _Recording(graph, node)
+        new = build(em, found)
+        anchor = next((n for n in em.made if is_call(n, (aten.mm.default, aten._int_mm.default))), None)
+        if records is not None and (anchor is None or not records(anchor)):
+            for made in reversed(em.made):
+                graph.erase_node(made)
+            continue
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        done += 1
+    return done
 
 
 def einsum_to_mm(graph: fx.Graph) -> int:

@@ -21,7 +21,7 @@ from qlower.lowerings import KernelPreference, choose, fingerprint
 from qlower.lowerings.aoti import runtime as aoti_runtime
 from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.common import EMITTED_BRANCH
-from qlower.lowerings.emit.mx import legalize_e8m0
+from qlower.lowerings.emit.mx import legalize_e8m0, note_lowered, redecode_readers
 from qlower.lowerings.preference import parse_preference
 from qlower.lowerings.registry import Choice, decision_env, emit_chosen
 from qlower.passes import report as reporting
@@ -84,13 +84,14 @@ class QLowerPass(CustomGraphPass):
             return
         report = reporting.start_graph()
         reporting.dump_graph(graph)
-        canonicalize(graph)  # linears spelled as bmm (einsum, a batched view) reach them as mm
+        canonicalize(graph, self.families)  # bmm-spelled linears and producers' ops reach them as mm
         covered: set[fx.Node] = set()  # every node a decision of this graph is about
         for family in self.families:
             self._lower_family(graph, family, report, covered)
         for row in find_unclaimed(graph, covered, self.families):  # no linear-shaped product stays silent
             reporting.add(report, self._lower(graph, row))
         if "mx" in self.families:
+            redecode_readers(graph)  # what reads a lowered MX decode reads qlower's exact one
             legalize_e8m0(graph)  # what stays unlowered must still compile (no e8m0 type in C++ codegen)
         graph.lint()
         aoti_runtime.prepare_compile(graph)  # AOTInductor: this compile calls qlower's ops through C shims
@@ -150,6 +151,9 @@ class QLowerPass(CustomGraphPass):
         _check_same_value(cand.output, new)
         cand.output.replace_all_uses_with(new)
         _erase_dead(graph, cand.nodes)
+        note_lowered(graph, cand)
+        for node in cand.kept:  # left for their other readers: no family's candidate any more
+            node.meta["qlower"] = "kept"
         return reporting.Decision(
             lowering=choice.lowering.name,
             reason=None,
@@ -162,11 +166,14 @@ class QLowerPass(CustomGraphPass):
     def uuid(self) -> str:
         """Cache key: qlower's sources, the options, the registered lowerings and the env that steers choices.
 
-        A pure function of those: Inductor's caches ask for it in every compile that carries the pass, and a
-        pass manager (vLLM's) from the configuration alone, so it opens no report and changes nothing (the pass
-        opens its compile's report when it runs). Its one first-use effect is the registry's: the built-in
-        backends load if nothing has used the registry yet (lowerings/registry.py), and with them qlower's
-        ops, which a graph the caches serve calls without the pass having run."""
+        Its value is a function of those alone: Inductor's caches ask for it in every compile that carries the
+        pass, and a pass manager (vLLM's) from the configuration alone, so it opens no report (the pass opens
+        its compile's report when it runs). Two first-use effects: the built-in backends load if nothing has
+        used the registry yet (lowerings/registry.py), and with them qlower's ops, which a graph the caches
+        serve calls without the pass having run; and inside a Dynamo compile it notes that the compile carries
+        this pass, so that one served whole from the AOTAutograd cache gets a report of its own saying so
+        (`reporting.note_cache_key`), never the previous compile's rows."""
+        reporting.note_cache_key(repr(self))
         h = hashlib.sha256(get_hash_for_files(_source_files()))
         env = tuple((name, os.environ.get(name)) for name in (*PASS_ENV, *decision_env()))
         h.update(repr((self.families, self.preference.value, fingerprint(), env)).encode())

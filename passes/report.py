@@ -396,46 +396,52 @@ def _append(report: Report) -> None:
     del _reports[:-64]
 
 
-# The Dynamo compiles running now that carry a qlower pass (Inductor's caches asked it for its key), by
-# compile id: the pass's configuration (`QLowerPass.__repr__`), and whether the pass ran in it.
-_carrying: dict[str, list] = {}
+# The Dynamo compiles running now that involve qlower, by compile id: [the configuration of the qlower pass
+# Inductor's caches asked for its key (`QLowerPass.__repr__`), or None; whether the pass ran]. Either may come
+# first: an inference compile runs the pass before the FX graph cache asks for the key.
+_compiles: dict[str, list] = {}
 
 
 def _compile_ended(args: Any) -> None:
     """Dynamo's end-of-compile callback: a compile that carried a qlower pass which never ran in it was served
-    whole from the AOTAutograd cache, and gets a report of its own saying so."""
+    whole from the AOTAutograd cache, and gets a report of its own saying so. (A lazily compiled backward
+    belongs to its forward's compile, whose report it keeps.)"""
     from torch._dynamo.callback import CallbackTrigger
 
-    if args.callback_trigger != CallbackTrigger.DYNAMO:
-        return
     with _lock:
-        entry = _carrying.pop(str(args.compile_id), None)
-        if entry is not None and not entry[1]:
+        entry = _compiles.pop(str(args.compile_id), None)
+        if args.callback_trigger != CallbackTrigger.DYNAMO:
+            return
+        if entry is not None and entry[0] is not None and not entry[1]:
             _append(Report(str(args.compile_id), pass_ran=False, options=entry[0]))
 
 
-def note_cache_key(pass_config: str) -> None:
-    """Inductor's caches asked a qlower pass for its key: the Dynamo compile running now (if any) carries it.
+def _track(cid: str) -> list:
+    """The entry of compile `cid` (created with Dynamo's end callback registered: `torch._dynamo.reset()`
+    clears callbacks). Call with `_lock` held."""
+    from torch._dynamo.callback import callback_handler
 
-    Dynamo's end callback (registered here, since `torch._dynamo.reset()` clears callbacks) then tells whether
-    the pass ran in it (`start_graph`)."""
+    if _compile_ended not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_compile_ended)
+    return _compiles.setdefault(cid, [None, False])
+
+
+def note_cache_key(pass_config: str) -> None:
+    """Inductor's caches asked a qlower pass for its key: the Dynamo compile running now (if any) carries it."""
     cid = torch._guards.CompileContext.current_compile_id()
     if cid is None:  # outside a Dynamo compile: a pass manager asking from its configuration, AOTInductor
         return
-    from torch._dynamo.callback import callback_handler
-
     with _lock:
-        _carrying.setdefault(str(cid), [pass_config, False])
-        if _compile_ended not in callback_handler.end_callbacks:
-            callback_handler.register_end_callback(_compile_ended)
+        entry = _track(str(cid))
+        entry[0] = entry[0] or pass_config
 
 
 def start_graph() -> Report:
     """The report that decisions of the graph being compiled now belong to (a new compile, a new report)."""
     cid, context = _current_compile()
     with _lock:
-        if cid is not None and cid in _carrying:
-            _carrying[cid][1] = True
+        if cid is not None:
+            _track(cid)[1] = True
         report = _by_context.get(context) if context is not None else None
         if report is None:
             report = Report(cid)

@@ -501,7 +501,16 @@ def _rescaled(
     shift = -x_op.zero_point if x_op.via == "u8" else None  # type: ignore[operator]
     need_row, need_col = x_op.scale is None and bias is None, w_op.scale is None and bias is None
     # the walk starts with the addmm's bias: a per-channel add after it stays in the graph (not a second bias)
-    ep = walk_epilogue(mm, m, n, _absorber(mm, w_operand, shift, need_row, need_col), Epilogue(bias=bias))
+    ep = walk_epilogue(
+        mm,
+        m,
+        n,
+        _absorber(mm, w_operand, shift, need_row, need_col),
+        Epilogue(bias=bias),
+        # a training graph's backward reads the product before its per-token scale (that scale's gradient):
+        # without the scale there is no record, so the walk goes on and the rewrite keeps what it reads
+        through_shared=lambda ep: need_row and ep.row_scale is None,
+    )
     x_scale = x_op.scale if x_op.scale is not None else ep.row_scale
     w_scale = w_op.scale if w_op.scale is not None else ep.col_scale
     if x_scale is None:
@@ -533,10 +542,20 @@ def _rescaled(
         output=ep.output,
         out_shape=out_shape,
         nodes=(mm, *ep.chain, *x_op.nodes, *w_op.nodes, *_qdq_producers(x_op.source)),
+        kept=_kept(mm, ep),
         matmul=_spelling(mm, x_op),
         act_quant=act,
         weight_zero_point=None if w_zero else w_op.zero_point,
     )
+
+
+def _kept(mm: fx.Node, ep: Epilogue) -> tuple[fx.Node, ...]:
+    """The matmul and the epilogue nodes up to the last one other nodes also read (`Epilogue.shared`): the
+    rewrite leaves them in the graph for those readers."""
+    if not ep.shared:
+        return ()
+    walked = [mm, *ep.chain]
+    return tuple(walked[: walked.index(ep.shared[-1]) + 1])
 
 
 def _spelling(mm: fx.Node, x_op: _Operand) -> str:

@@ -3,13 +3,16 @@ walk the epilogue after the product. One walk, so the families agree on what a v
 the matmul means (`graph_utils.epilogue_factor`); each family says only what it absorbs beyond the views.
 
 Stopping early is always correct: what the walk does not consume stays in the graph, applied to the lowered
-value.
+value. A node other nodes also read (a training graph's backward reads the matmul's product) ends the walk
+too, unless the family still needs a factor after it (`walk_epilogue`'s `through_shared`): the walk then goes
+on, and the rewrite leaves that node, and what it reads, in the graph for its other readers, so they read
+exactly the values they read before (tests/test_dynamic_int8_training.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,7 +22,6 @@ from qlower.patterns.graph_utils import (
     Factor,
     epilogue_factor,
     factor_kind,
-    has_single_user,
     keeps_rows,
     tensor_val,
 )
@@ -60,7 +62,9 @@ class Epilogue:
     col_scale: Any = None  # per-output-channel (or per-tensor) factor
     scale_operand: Any = None  # the multiply's operand that `col_scale` is (expands not stripped)
     cancelled_shift: bool = False  # dynamic_int8: the u8s8 compensation was consumed
-    blocker: fx.Node | None = None  # the single user a family named as what stopped it
+    blocker: fx.Node | None = None  # the user a family named as what stopped it
+    # consumed-through nodes (the matmul included) that other nodes also read: the rewrite keeps them
+    shared: list[fx.Node] = field(default_factory=list)
 
 
 Absorb = Callable[[fx.Node, fx.Node, Factor | None, Epilogue], list[fx.Node] | None]
@@ -68,22 +72,55 @@ Absorb = Callable[[fx.Node, fx.Node, Factor | None, Epilogue], list[fx.Node] | N
 and the walk so far, record what the user means and return the nodes it consumes, or None to stop."""
 
 
-def walk_epilogue(mm: fx.Node, m: Any, n: Any, absorb: Absorb, ep: Epilogue | None = None) -> Epilogue:
-    """Walk the single-user chain after `mm`: views that keep N (the N-D result's shape) for every family,
-    anything else as `absorb` decides. `m` is the product's rows (per-row factors), `n` its last dim."""
+def walk_epilogue(
+    mm: fx.Node,
+    m: Any,
+    n: Any,
+    absorb: Absorb,
+    ep: Epilogue | None = None,
+    through_shared: Callable[[Epilogue], bool] | None = None,
+) -> Epilogue:
+    """Walk the chain of users after `mm`: views that keep N (the N-D result's shape) for every family,
+    anything else as `absorb` decides. `m` is the product's rows (per-row factors), `n` its last dim.
+
+    A node with several users ends the walk unless `through_shared(ep)` says the family still needs a factor
+    after it; then the walk takes its first user (in graph order) that `absorb` consumes, and records the
+    node in `ep.shared`. Any choice is exact: the record describes what its output computes, and every
+    other reader keeps reading the original node."""
     ep = ep if ep is not None else Epilogue()
     cur = mm
-    while has_single_user(cur):
-        user = next(iter(cur.users))
-        factor = epilogue_factor(user, cur, m)
-        if keeps_rows(user, n) and user.args[0] is cur:
-            ep.out_shape = list(user.args[1])
-            consumed: list[fx.Node] | None = [user]
-        else:
-            consumed = absorb(user, cur, factor, ep)
-        if consumed is None:
+    while cur.users:
+        shared = len(cur.users) > 1
+        if shared and (through_shared is None or not through_shared(ep)):
             break
-        ep.chain += consumed
+        step = _step(cur, m, n, absorb, ep)
+        if step is None:
+            break
+        user, ep = step
+        if shared:
+            ep.shared.append(cur)
         cur = user
     ep.output = cur
     return ep
+
+
+def _step(cur: fx.Node, m: Any, n: Any, absorb: Absorb, ep: Epilogue) -> tuple[fx.Node, Epilogue] | None:
+    """The first user of `cur` (graph order) the walk consumes and the walk after it, or None (`ep.blocker`
+    then names the first user `absorb` refused). A single user is tried on `ep` itself; several, each on a
+    copy, since `absorb` records what it consumes."""
+    users = sorted(cur.users)
+    blocker = None
+    for user in users:
+        trial = ep if len(users) == 1 else replace(ep, chain=list(ep.chain), shared=list(ep.shared))
+        factor = epilogue_factor(user, cur, m)
+        if keeps_rows(user, n) and user.args[0] is cur:
+            trial.out_shape = list(user.args[1])
+            consumed: list[fx.Node] | None = [user]
+        else:
+            consumed = absorb(user, cur, factor, trial)
+        if consumed is not None:
+            trial.chain += consumed
+            return user, trial
+        blocker = blocker or trial.blocker
+    ep.blocker = blocker
+    return None

@@ -163,6 +163,7 @@ class _Dequant:
     k: int
     nodes: list[fx.Node]  # mul, the decode ops and the chain up to the matmul
     table: fx.Node | None = None  # e2m1: the value table the decode reads at run time (a graph input)
+    mul: fx.Node | None = None  # the verified multiply (`MXOperand.decoded`)
 
     @property
     def e_assoc(self) -> str:
@@ -252,7 +253,7 @@ def _find_operand(operand: fx.Node, want_flips: int, graph: fx.Graph) -> _Dequan
         if isinstance(found, Decoding):
             nodes = [*chain, mul, *q.inner, *e.inner]
             table = unknown[0] if unknown else None
-            return _Dequant(elem, q.boundary, e.boundary, found, rows, k, nodes, table=table)
+            return _Dequant(elem, q.boundary, e.boundary, found, rows, k, nodes, table=table, mul=mul)
         if found is None:
             continue
         why = found
@@ -382,7 +383,7 @@ def _placed(rej: Rejection, mm: fx.Node, xv: torch.Tensor, shape: tuple[Any, ...
 def _mx_operand(found: _Dequant, layout: str) -> MXOperand:
     """The record's view of a verified operand whose stored scales have `layout` (`_scale_source`)."""
     d = found.decoding
-    return MXOperand(found.elem, layout, found.e, d.assoc, d.nibbles, d.special, found.table)
+    return MXOperand(found.elem, layout, found.e, d.assoc, d.nibbles, d.special, found.table, found.mul)
 
 
 def _activation(

@@ -54,6 +54,8 @@ class MXOperand:
     nibbles: str = "low_first"  # packed e2m1: which nibble holds the even element
     scale_special: dict[int, float] = field(default_factory=dict)  # e8m0 code -> value, where not the spec's
     table: fx.Node | None = None  # e2m1 values gathered from this graph input at run time (weights only)
+    # the verified multiply: its values, read row-major, are this decode as [rows, K] in the multiply's dtype
+    decoded: fx.Node | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ class QuantLinear:
     scale_cast: ScaleCast | None = None  # woq_int8: the fp32 scale the graph rounds to `compute_dtype`
     weight_zero_point: ZeroPoint = None  # dynamic_int8: the weight's
     weight_mx: MXOperand | None = None  # MX: how weight and weight_scale decode
+    # matched nodes that other nodes also read (a training graph's backward): the rewrite leaves them, and what
+    # they read, for those readers, and the pass marks them so that no family records them again
+    kept: tuple[fx.Node, ...] = ()
 
     @property
     def device(self) -> torch.device:
@@ -145,7 +150,11 @@ _SCALE_FORM = {ScaleSite.WEIGHT: "weight_scale", ScaleSite.OUTPUT: "output_scale
 
 def form_of(rec: QuantLinear) -> str:
     """The record's form, "+"-joined: derived from its typed fields alone, the one place forms are named."""
-    common = (bias_label(rec.bias), "nd" if rec.out_shape is not None else "")
+    common = (
+        bias_label(rec.bias),
+        "nd" if rec.out_shape is not None else "",
+        "kept_for_readers" if rec.kept else "",
+    )
     kn = "kn_weight" if rec.weight_layout == "KN" else ""
     aq = rec.act_quant
     if rec.weight_mx is not None:

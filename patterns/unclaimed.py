@@ -6,8 +6,10 @@ leave the report silent ("no candidate linears"): a batched expert matmul over s
 (`w.to(bf16) @ x`, which a 1-D `x` turns into `(w * x).sum(1)`). The pass runs this sweep after every
 family: any matrix product (`mm`, `addmm`, `bmm`, `baddbmm`, or the matrix-vector `sum(mul)`) one of whose
 operands is computed from 8-bit quantized storage, and that no decision covers, becomes a `Rejection`
-naming what it is and why it stays as written (tests/test_unclaimed_rows.py). Device-free, like every
-pattern.
+naming what it is and why it stays as written (tests/test_report_rows.py). A call of a producer
+library's own op that multiplies an activation by quantized data (optimum-quanto's `quanto::*`, vLLM's) and
+that passes/canonicalize.py did not decompose gets its row too, naming the op (`producers.producer_rejection`,
+tests/test_producer_ops.py). Device-free, like every pattern.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from qlower.patterns.graph_utils import (
     is_call,
     tensor_val,
 )
+from qlower.patterns.producers import producer_rejection
 from qlower.patterns.record import Rejection
 
 # Storage dtypes of quantized data, by the family whose data they are.
@@ -153,7 +156,7 @@ def find_unclaimed(
     for node in graph.nodes:
         if node.op != "call_function" or node in covered or node.meta.get("qlower"):
             continue
-        row = _product(node) if is_call(node, _PRODUCTS) else _matvec(node)
+        row = _product(node) if is_call(node, _PRODUCTS) else _matvec(node) or producer_rejection(node)
         if row is not None and row.family in families:
             out.append(row)
     return out

@@ -1,6 +1,7 @@
 """Helpers for expect-tests on traced graphs: the graph exactly as qlower's pass sees it, without codegen.
 
 gm = qlower.testing.trace_for_inductor(model, x)          # aten graph, Inductor's decompositions
+gm, primals = qlower.testing.trace_joint_for_inductor(model, x)   # x.requires_grad: the training graph
 report = qlower.testing.apply_pass(gm)                     # rewrite in place, like inside Inductor
 self.assertExpectedInline(qlower.testing.graph_summary(gm), '''...''')
 """
@@ -37,6 +38,56 @@ def trace_for_inductor(fn: Callable[..., Any], *args: Any, dynamic: bool = False
         torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)(*args)
     assert len(captured) == 1, f"expected one graph, got {len(captured)}"
     return captured[0]
+
+
+def trace_joint_for_inductor(
+    fn: Callable[..., Any], *args: Any, dynamic: bool = False
+) -> tuple[fx.GraphModule, list[Any]]:
+    """The joint forward + backward graph Inductor's joint pass receives when `fn(*args)` needs gradients
+    (inputs or parameters that require grad: a training step's graph), and its primals: the flat inputs of
+    the call (parameters and buffers included, torchao's tensor subclasses as the plain tensors AOTAutograd
+    unwraps them to). `gm(primals, joint_tangents(gm))` runs it: the outputs, then the gradients."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import default_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    joints: list[fx.GraphModule] = []
+    inputs: list[Any] = []
+
+    def keep(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        joints.append(joint)  # the partition builds new graphs: this one stays as traced, runnable
+        return default_partition(joint, joint_inputs, **kwargs)
+
+    def forward(gm: fx.GraphModule, _: Any) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            inputs[:] = args  # the primals, subclasses unwrapped, as the compiled forward receives them
+            return gm.forward(*args)
+
+        return run
+
+    aot = aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=lambda gm, _: gm.forward,
+        partition_fn=keep,
+        decompositions=select_decomp_table(),
+    )
+
+    torch._dynamo.reset()
+    with torch.enable_grad():
+        torch.compile(fn, backend=aot, dynamic=dynamic, fullgraph=True)(*args)
+    assert len(joints) == 1, f"expected one joint graph, got {len(joints)} (does anything require grad?)"
+    return joints[0], inputs
+
+
+def joint_tangents(gm: fx.GraphModule, seed: int = 0) -> list[torch.Tensor]:
+    """Random cotangents for a joint graph's `tangents_*` placeholders (their shapes and dtypes)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and node.name.startswith("tangents"):
+            v = node.meta["val"]
+            out.append(torch.randn(tuple(int(d) for d in v.shape), generator=g).to(v.dtype))
+    return out
 
 
 def apply_pass(

@@ -92,13 +92,21 @@ case as drawn. The others each target one defect class, with several spellings, 
   `bmm(x, W.to(dt).transpose(1, 2)) * S[:, None]` and `einsum("mk,enk->emn", x, W.to(dt)) * S[:, None]`;
   the weight on the left, `(w.to(dt) @ v) * s` with v [K] or [K, B] (`x_dims`). One woq_int8 row, left
   alone, its reason from patterns/unclaimed.py (batched matmul, W @ x).
-These four are scripts/fuzz_classes.py (draws, models, the rows each expects): numbers against float64
+- `lora_training` (all; drawn only when `--variant` names it): a frozen quantized linear beside a trainable
+  low-rank adapter, x requiring grad (the base's scale too: `scale_grad`), forward + backward: the forward
+  linear's rows the case's family, one lowered; a dynamic-int8 base one dynamic_int8 row, lowered.
+- `producer_ops` (all; drawn only when `--variant` names it; needs optimum-quanto): a linear inside a
+  producer's own op: quanto's frozen qint8 `QLinear` (`quanto::qbytes_mm`: woq_int8, lowered), its
+  `activations=qint8` arithmetic with quanto's ops (dynamic_int8, lowered), qfloat8 weights (mx, left alone)
+  and an unproven op of vLLM's namespace (woq_int8, left alone): each left-alone reason names the op.
+These classes are scripts/fuzz_classes.py (draws, models, the rows each expects): numbers against float64
 (torchao's eager MX for `mx_training`), every compile's rows against the class's expectation.
-The tolerance of woq, MX and those four is max(the relative bound above, 2x eager's own error): an fp16
+The tolerance of woq, MX and those classes is max(the relative bound above, 2x eager's own error): an fp16
 dequantization that rounds subnormal weights is the user's formula, not a qlower failure.
 
 Needs torch (and Triton on CUDA): it imports tests/woq_models.py, tests/dynamic_int8_forms.py and
-tests/mx_models.py (never their torchao builders), no pytest or expecttest; torchao only for `mx_training`.
+tests/mx_models.py (never their torchao builders), no pytest or expecttest; torchao only for `mx_training`,
+optimum-quanto only for `producer_ops`.
 """
 
 from __future__ import annotations
@@ -132,6 +140,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # `python -P` leaves the script's fol
 
 import dynamic_int8_forms as dyn  # noqa: E402
 import fuzz_classes as classes  # noqa: E402
+import fuzz_pipelines as pipelines  # noqa: E402
 import mx_models  # noqa: E402
 import woq_models  # noqa: E402
 from woq_models import FORMS as WOQ_FORMS  # noqa: E402
@@ -204,8 +213,11 @@ VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "weight_write": (FAMILIES, 10),
     "mx_special": (("mx",), 12),
     "matvec": (("woq_int8", "mx"), 8),
-    **classes.VARIANTS,  # mx_training, family_order, near_mx, stacked_experts: scripts/fuzz_classes.py
+    # mx_training, family_order, near_mx, stacked_experts, lora_training: scripts/fuzz_classes.py
+    **classes.VARIANTS,
 }
+# cache_switch, two_models, aoti_package (scripts/fuzz_pipelines.py): drawn by `pipelines.pick`
+ALL_VARIANTS = {**VARIANTS, **pipelines.VARIANTS}
 UNAVAILABLE = classes.unavailable()  # variant -> why this environment cannot run it (never drawn here)
 TRAINING = ("training", *classes.TRAINING)  # variants that run forward + backward (_train_call)
 HEAD_DIMS = (2, 4, 8, 16, 32, 64, 128)
@@ -396,7 +408,7 @@ def variant_families(families: tuple[str, ...], variants: tuple[str, ...] | None
     if variants is None:
         return families
     usable = [v for v in variants if v not in UNAVAILABLE]
-    return tuple(f for f in families if any(f in VARIANTS[v][0] for v in usable))
+    return tuple(f for f in families if any(f in ALL_VARIANTS[v][0] for v in usable))
 
 
 def make_case(
@@ -452,9 +464,13 @@ def make_case(
     weights = {
         v: w
         for v, (fams, w) in VARIANTS.items()
-        if family in fams and (variants is None or v in variants) and v not in UNAVAILABLE
+        # a class drawn on request only (`--variant`) leaves every other seed's draw as it was
+        if family in fams
+        and (v not in classes.ON_REQUEST if variants is None else v in variants)
+        and v not in UNAVAILABLE
     }
-    variant = _weighted(rng, weights)
+    # the flows around a compile (fuzz_pipelines) from a stream of their own: every other seed draws as before
+    variant = pipelines.pick(seed, variants, VARIANTS) or _weighted(rng, weights)
     if variant != "plain":
         case.extra["variant"] = variant
         VARIANT_DRAWS[variant](rng, case)
@@ -566,6 +582,7 @@ VARIANT_DRAWS: dict[str, Callable[[random.Random, Case], None]] = {
     "mx_special": _draw_mx_special,
     "matvec": _draw_matvec,
     **classes.DRAWS,
+    **dict.fromkeys(pipelines.VARIANTS, pipelines.draw),
 }
 
 
@@ -949,6 +966,7 @@ class Progress:
     reports: list[tuple[bool, int]] = field(
         default_factory=list
     )  # training: (pass_ran, rows) of last_report()
+    problems: list[str] = field(default_factory=list)  # a pipeline class's broken invariants (fuzz_pipelines)
 
 
 @dataclass
@@ -1089,12 +1107,39 @@ def _train_call(case: Case, built: Built, compiled, x: torch.Tensor, prog: Progr
     return Obs(x, out.detach(), eager.detach(), None if ref is None else ref.detach(), grads=grads)
 
 
+def _execute_pipeline(case: Case, built: Built, xs: dict[str, torch.Tensor], prog: Progress) -> list[Obs]:
+    """A fuzz_pipelines class: its flow of compiles (or a package), each output an Obs against eager."""
+    variant = case.extra["variant"]
+
+    def compile_with(model: nn.Module, preference: str):
+        opts = qlower.inductor_options(kernel_preference=preference, families=_families(case))
+        return torch.compile(model, dynamic=case.dynamic or None, fullgraph=True, options=opts)
+
+    x = xs["m"]
+    if variant == "aoti_package":
+        inputs = list(xs.values())
+        opts = qlower.inductor_options(kernel_preference=case.preference, families=_families(case))
+        runs = pipelines.aoti_package(case, built.model, inputs, opts, prog.problems)
+        pairs = [(xi, out.to(xi.device)) for outs in runs for xi, out in zip(inputs, outs, strict=False)]
+    else:
+        if case.dynamic:
+            torch._dynamo.mark_dynamic(x, x.dim() - 2)
+        flow = pipelines.cache_switch if variant == "cache_switch" else pipelines.two_models
+        pairs = [(x, out) for out in flow(case, built.model, x, compile_with, prog.problems)]
+    if case.device == "cuda":
+        torch.cuda.synchronize()
+    prog.stage = "check (eager model or reference)"
+    return [Obs(xi, out, built.eager(xi), None if built.ref is None else built.ref(xi)) for xi, out in pairs]
+
+
 def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = False) -> list[Obs]:
     """Run the case's steps (_steps) through `compiled`; each call's eager and float64 results are taken right
     after it, before any later weight write (`diff`: the weights are kept for `_fresh_references` instead)."""
     xs = {"m": make_x(case, case.m, 0, built.x_std)}
     if case.dynamic:
         xs["m2"] = make_x(case, case.m2, 1, built.x_std)
+    if case.extra.get("variant") in pipelines.VARIANTS:
+        return _execute_pipeline(case, built, xs, prog)
     obs: list[Obs] = []
     written = False
     for step in _steps(case):
@@ -1290,7 +1335,13 @@ def _run_case(case: Case) -> dict[str, Any]:
     bad = None
     if exc is None and compiles == 0:
         bad = "qlower's pass never ran (an Inductor cache hit, or no compile?)"
-    elif case.preference != "AUTO" and any(d["kind"] != case.preference for d in lowered):
+    elif prog.problems:  # a pipeline class (fuzz_pipelines) checks each of its compiles' preference itself
+        bad = "; ".join(prog.problems)
+    elif (
+        case.preference != "AUTO"
+        and case.extra.get("variant") not in pipelines.VARIANTS
+        and any(d["kind"] != case.preference for d in lowered)
+    ):
         bad = f"preference {case.preference} not honoured: {[(d['lowering'], d['kind']) for d in lowered]}"
     elif case.form == "partial_block" and any(d["kind"] != "EMULATED" for d in lowered):
         bad = f"K={case.k} (a partial last MX block) lowered to a kernel: {[d['lowering'] for d in lowered]}"
@@ -1506,7 +1557,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", type=int, nargs="+", metavar="SEED", help="run just these case seeds")
     p.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     p.add_argument(
-        "--variant", nargs="+", choices=list(VARIANTS), help="draw only these variants (module docstring)"
+        "--variant", nargs="+", choices=list(ALL_VARIANTS), help="draw only these variants (module docstring)"
     )
     p.add_argument("--verbose", action="store_true", help="print qlower's report table of every case")
     args = p.parse_args(argv)

@@ -2,7 +2,8 @@
 
 A training compile's backward multiplies the gradient by the dequantized weight (blocks along N), which no
 recognizer lowers; Inductor's C++ backend has no e8m0 type, so without `legalize_e8m0` that graph fails to
-compile (stock `torch.compile` too). The decode it substitutes is checked on all 256 codes.
+compile (stock `torch.compile` too). The decode it substitutes is checked on all 256 codes. Once the forward is
+lowered, that backward reads qlower's exact decode, not the graph's spelling (`redecode_readers`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import qlower
 from qlower import testing
 from qlower.lowerings.emit.mx import legalize_e8m0, mx_bytes
+from qlower.patterns import mx_format as mx_fmt
 from qlower.patterns.graph_utils import tensor_val
 from qlower.testing import trace_for_inductor
 
@@ -213,3 +215,113 @@ def test_dim1_cast_is_decoded_in_its_source_order(dims):
     assert source_ordered(b_t.args[0]) == (dims[1] == "1")
     got, want = gm(g, x)[0], f(g, x)
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+# ------------------------------------------------ the backward through a lowered decode (`redecode_readers`)
+def _partial_block_fn(elem: str, n: int, k: int):
+    """mx_models.MXPartialBlock as f(x, q, e): K % 32 != 0, spelled `repeat_interleave(32)[:, :K]`."""
+    model = mm.MXPartialBlock(elem, n, k)
+
+    def f(x: torch.Tensor, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, {"q": q, "e": e}, (x,))
+
+    return f, model.q, model.e
+
+
+def _training_forms() -> dict[str, tuple]:
+    """name -> (f(x, q, e), x, q, e, float64 [N, K] weight): every hand-written form, and partial blocks in
+    fp16 (what the fuzz found wrong)."""
+    n, k = 48, 64
+    forms = {}
+    for name, f in mm.hand_written_forms(n, k).items():
+        x, q, e = mm.form_inputs(name, n, k)
+        codes = e.t() if name == "fp4_table_scale_t" else e
+        w64 = mx_fmt.dequantize_f64(q, codes, "e2m1" if name.startswith("fp4") else "e4m3")
+        forms[name] = (f, x, q, e, w64)
+    for elem in ("e4m3", "e2m1"):
+        f, q, e = _partial_block_fn(elem, 40, 80)
+        x = torch.randn(6, 80, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+        forms[f"partial_block_{elem}_fp16"] = (f, x, q, e, mx_fmt.dequantize_f64(q, e, elem))
+    return forms
+
+
+TRAINING_FORMS = _training_forms()
+
+
+def _joint_graph(f, x: torch.Tensor, q: torch.Tensor, e: torch.Tensor, cot: torch.Tensor):
+    """The forward + backward graph of (y, grad_x) with Inductor's decompositions, as the joint pass sees it."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def joint(x, q, e, cot):
+        y = f(x, q, e)
+        (gx,) = torch.autograd.grad(y, x, cot)
+        return y, gx
+
+    return make_fx(joint, decomposition_table=select_decomp_table(), tracing_mode="fake")(
+        x.detach().requires_grad_(True), q, e, cot
+    )
+
+
+def _ancestors(node: torch.fx.Node) -> list[torch.fx.Node]:
+    seen, todo = {}, [node]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen[n] = None
+            todo.extend(n.all_input_nodes)
+    return list(seen)
+
+
+@pytest.mark.parametrize("name", list(TRAINING_FORMS))
+def test_backward_reads_the_exact_decode(name):
+    """grad_x = grad_y @ dequant(w) (blocks along N: no MX linear, left alone) reads qlower's decode once the
+    forward is lowered, not the graph's multiply: the graph's spelling may be miscompiled (the partial block's
+    `repeat_interleave(32)[:, :K]` under Inductor's C++ loop split: test_partial_block_training_compiles_right).
+    The substitute's values are the multiply's: both outputs bit for bit those of the unrewritten graph."""
+    f, x, q, e, w64 = TRAINING_FORMS[name]
+    cot = torch.randn(f(x, q, e).shape, generator=torch.Generator().manual_seed(2)).to(x.dtype)
+    gm = _joint_graph(f, x, q, e, cot)
+    want = gm(x, q, e, cot)
+    rows = testing.apply_pass(gm, families=("mx",))
+    assert [d.lowering for d in rows] == ["mx_dequant_mm", None], rows  # the forward; the backward's matmul
+    (bwd,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default and not n.meta.get("qlower")]
+    reads = _ancestors(bwd.args[1])
+    assert any(n.meta.get("qlower") for n in reads), name
+    graph_muls = [n for n in reads if n.target is torch.ops.aten.mul.Tensor and not n.meta.get("qlower")]
+    assert graph_muls == [], graph_muls
+    got = gm(x, q, e, cot)
+    assert torch.equal(got[1], want[1]), (got[1] - want[1]).abs().max()
+    ref = cot.double().reshape(-1, w64.shape[0]) @ w64
+    gx = got[1].double().reshape(ref.shape)
+    assert ((gx - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_partial_block_training_compiles_right(dtype):
+    """Compiled forward + backward through a partial-block MX weight (K = 80): grad_x is eager's, finite. The
+    graph's own decode, which the backward read before `redecode_readers`, is compiled by Inductor's C++ loop
+    split into K // 32 whole blocks per row: columns 64..79 of the backward's weight were never written (fp16
+    grad_x non-finite where eager's is finite; the fuzz's seed 514967150)."""
+    torch.manual_seed(0)
+    model = mm.MXPartialBlock("e4m3", 24, 80)
+    x = torch.randn(16, 80, dtype=dtype)
+    cot = torch.randn(16, 24, dtype=dtype)
+
+    def grads(fn):
+        xi = x.clone().requires_grad_(True)
+        y = fn(xi)
+        (y.float() * cot.float()).sum().backward()
+        return y.detach(), xi.grad
+
+    eager = grads(model)
+    torch._dynamo.reset()
+    qlower.clear_reports()
+    compiled = grads(torch.compile(model, options=qlower.inductor_options(families=("mx",))))
+    assert compiled[1].isfinite().all()
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, want)
+    ref = cot.double() @ mx_fmt.dequantize_f64(model.q, model.e, "e4m3")
+    assert ((compiled[1].double() - ref).norm() / ref.norm()).item() <= 1e-2
+    rows = [d for r in qlower.all_reports() for d in r]
+    assert [(d.lowering, "partial_block" in d.form) for d in rows] == [("mx_dequant_mm", True), (None, False)]

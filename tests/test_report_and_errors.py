@@ -126,9 +126,9 @@ def test_unrelated_compile_leaves_the_report_alone():
     assert report.pass_ran and "did not run" not in qlower.last_report().table()
 
 
-def test_aot_autograd_cache_hit_opens_no_report():
-    """A compile served whole from AOTAutograd's cache never runs the pass: it opens no report (the cache key,
-    `QLowerPass.uuid`, changes nothing), and the last report stays the last compile that ran the pass."""
+def test_aot_autograd_cache_hit_gets_a_report_of_its_own():
+    """A compile served whole from AOTAutograd's cache never runs the pass: its report says so (no rows, the
+    options named), never the previous compile's; an unrelated stock compile adds none."""
     model, x = WoqLinear(64, 48, F32), torch.randn(4, 64)
     caches = (
         fresh_cache(),
@@ -143,9 +143,11 @@ def test_aot_autograd_cache_hit_opens_no_report():
         torch._dynamo.reset()
         again = torch.compile(model, options=qlower.inductor_options())(x)
         assert counters["aot_autograd"]["autograd_cache_hit"] == 1
-        assert qlower.last_report() is first_report and len(qlower.all_reports()) == count
+        served = qlower.last_report()
+        assert served is not first_report and len(qlower.all_reports()) == count + 1
+        assert not served.pass_ran and not served.entries and "served it whole" in served.table()
         torch.compile(torch.nn.Linear(4, 4))(torch.randn(2, 4))  # unrelated: no report either
-        assert qlower.last_report() is first_report
+        assert qlower.last_report() is served
     torch.testing.assert_close(again, first)
     ref = model.reference(x)
     assert (again.double() - ref).abs().max() <= 1e-4 * ref.abs().max()

@@ -17,7 +17,7 @@ from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish
 from qlower.patterns import mx_format as fmt
-from qlower.patterns.graph_utils import VIEW_OPS, aten, prims, tensor_val
+from qlower.patterns.graph_utils import VIEW_OPS, aten, graph_memo, is_static, prims, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -342,6 +342,66 @@ def emit_scaled_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     sb = _swizzled_e8m0(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, rec.n, cols)
     core = em.call(aten._scaled_mm.default, a, b, sa, sb, None, None, rec.compute_dtype)
     return finish(em, rec, core)
+
+
+_LOWERED_DECODES = "mx_lowered_decodes"
+
+
+def note_lowered(graph: fx.Graph, rec: QuantLinear) -> None:
+    """Remember the verified decode multiplies of a lowered MX record, for `redecode_readers`."""
+    memo = graph_memo(graph, _LOWERED_DECODES)
+    aq = rec.act_quant
+    for side, operand in (("weight", rec.weight_mx), ("act", aq.mx if aq is not None else None)):
+        if operand is not None and operand.decoded is not None:
+            memo[operand.decoded] = (rec, side)
+
+
+def _shape_of(v: torch.Tensor) -> list[Any] | None:
+    """`v`'s shape as a reshape argument: static sizes, -1 for one symbolic size; None for more than one."""
+    shape = [int(s) if is_static(s) else -1 for s in v.shape]
+    return shape if shape.count(-1) <= 1 else None
+
+
+def redecode_readers(graph: fx.Graph) -> int:
+    """Point what still reads a lowered record's decode multiply at qlower's own decode; returns how many.
+
+    Those readers are what no recognizer lowered: a training graph's grad_x = grad_y @ dequant(w) (blocks along
+    N), or a linear left alone next to a lowered one. The multiply's values are `dequant`'s (mx_verify ran it
+    on every code, in the multiply's dtype), but its spelling may be miscompiled: torch 2.13 Inductor's C++
+    loop split turns the partial block's `repeat_interleave(32)[:, :K]` into K // 32 whole blocks per row and
+    never writes the rest, so fp16 grad_x read uninitialized columns (non-finite where eager is finite:
+    tests/test_mx_training.py::test_backward_reads_the_exact_decode). The readers' own ops (a dtype convert
+    after the multiply, the transpose) stay, so their rounding points are the graph's. Runs after every
+    family: a weight two lowered linears share is read by none of them once both are lowered.
+    """
+    memo = graph_memo(graph, _LOWERED_DECODES)
+    count = 0
+    for mul, (rec, side) in list(memo.items()):
+        mv = tensor_val(mul)
+        if getattr(mul, "_erased", False) or not mul.users or mv is None or (shape := _shape_of(mv)) is None:
+            continue
+        em = Emitter(graph, mul)
+        decode = weight_dequant if side == "weight" else act_dequant
+        new = decode(em, rec, mv.dtype)
+        nv = tensor_val(new)
+        if nv is None or list(nv.shape) != list(mv.shape):
+            new = em.reshape(new, shape)
+        mul.replace_all_uses_with(new)
+        _erase_unread(graph, [mul, *rec.nodes])
+        count += 1
+    memo.clear()
+    return count
+
+
+def _erase_unread(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erase those of `nodes` nothing reads any more, until none is left to erase."""
+    pending = [
+        n for n in dict.fromkeys(nodes) if n.op == "call_function" and not getattr(n, "_erased", False)
+    ]
+    while dead := [n for n in pending if not n.users]:
+        for n in dead:
+            graph.erase_node(n)
+            pending.remove(n)
 
 
 def legalize_e8m0(graph: fx.Graph) -> int:
