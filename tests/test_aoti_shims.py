@@ -178,6 +178,7 @@ def test_cli_custom_ops_layout(written):
         "custom_ops_to_c_shims_xpu.json",
         "qlower_c_shim_xpu.cpp",
         "qlower_c_shim_xpu.h",
+        "qlower_kernel_qlower_ops.cpp",  # the kernels its shims call directly (cpp_build.DIRECT_KERNELS)
     ]
     table = json.loads((out / "custom_ops_to_c_shims_xpu.json").read_text())
     header = (out / "qlower_c_shim_xpu.h").read_text()
@@ -200,7 +201,7 @@ def test_xpu_sources_compile_against_the_cpu_wheel(written):
     assert not list(include.glob("*_xpu_dispatch.h")), "the wheel ships XPU dispatch headers after all"
     flags = [f"-isystem{p}" for p in cpp_extension.include_paths()]
     for form, out in written.items():
-        source = next(out.glob("*.cpp"))
+        source = next(p for p in out.glob("*.cpp") if "c_shim" in p.name)
         assert "xpu_dispatch" not in source.read_text() and "at::xpu::" not in source.read_text()
         cmd = ["c++", "-std=c++20", "-fsyntax-only", *flags, f"-I{out}", str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -212,7 +213,12 @@ def test_cpu_library_is_built_from_the_cli_output(tmp_path):
     assert cli.main(["shims", "--device", "cpu", "--out", str(tmp_path)]) == 0
     lib = build.shim_library("cpu")
     written = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".h", ".cpp"))
-    assert written == ["qlower_c_shim_cpu.cpp", "qlower_c_shim_cpu.h", "qlower_kernel_woq_gemm.cpp"]
+    assert written == [
+        "qlower_c_shim_cpu.cpp",
+        "qlower_c_shim_cpu.h",
+        "qlower_kernel_qlower_ops.cpp",
+        "qlower_kernel_woq_gemm.cpp",
+    ]
     for name in written:
         assert (lib.path.parent / name).read_text() == (tmp_path / name).read_text()
     exported = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True, text=True)
