@@ -17,6 +17,7 @@ class KernelPreference(str, enum.Enum):
     ATEN = "aten"  # an ATen kernel with native quantized support (_weight_int8pack_mm, _int_mm, _scaled_mm)
     TRITON = "triton"  # one of qlower's own Triton kernels
     EMULATED = "emulated"  # dequantize, then a high-precision matmul that Inductor fuses; works anywhere
+    CUTLASS = "cutlass"  # one of qlower's own CUDA C++ kernels on CUTLASS (lowerings/kernels/cutlass/)
 
     def __str__(self) -> str:
         return self.name

@@ -2,8 +2,9 @@
 
 Never `_weight_int8pack_mm` here: on sm_90 it is a naive kernel, 9-770x slower than bf16 (BENCHMARKS.md,
 "CUDA, woq_int8", the stock column).
-- woq_int8: qlower's Triton kernel where measured faster (`prefer`: static M up to its crossover), else
-  fused dequant + cuBLAS (what stock Inductor generates, so AUTO is never slower than stock).
+- woq_int8: qlower's CUTLASS W8A16 GEMM for a static M in its measured range (devices/cuda_cutlass.py), qlower's
+  Triton kernel where measured faster (`prefer`: static M up to its crossover, any symbolic M), else fused
+  dequant + cuBLAS (what stock Inductor generates, so AUTO is never slower than stock).
 - dynamic_int8: the Triton int8 kernel where measured faster, cuBLASLt `_int_mm` (M padded to 17), emulation.
 - mx: cuBLAS `_scaled_mm` with MX block scales (capability >= 10.0), qlower's Triton MX kernels (>= 8.9),
   emulation. An explicit `kernel_preference=TRITON` takes a Triton kernel at any M (its `supports`); AUTO
@@ -20,6 +21,7 @@ from qlower.lowerings.devices.capability import (
     override_cuda_capability,  # noqa: F401  (tests use it here)
 )
 from qlower.lowerings.devices.common import int8_operands, spec_layout_blocker, weight_scale_range_blocker
+from qlower.lowerings.devices.cuda_cutlass import WOQ_INT8_CUTLASS
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
 from qlower.lowerings.emit.dynamic_int8 import make_emit_int_mm_min_m
 from qlower.lowerings.emit.mx import emit_scaled_mm
@@ -299,6 +301,7 @@ def register() -> None:
     register_backend(
         "cuda",
         [
+            WOQ_INT8_CUTLASS,
             WOQ_INT8_TRITON,
             DYNAMIC_INT8_TRITON,
             WOQ_INT8_DEQUANT_MM,

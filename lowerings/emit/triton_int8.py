@@ -55,7 +55,7 @@ def _exponent_range(dtype: torch.dtype) -> int:
     return int(torch.finfo(dtype).max).bit_length()
 
 
-def _scale_after_kernel(rec: QuantLinear) -> bool:
+def scale_after_kernel(rec: QuantLinear) -> bool:
     """Whether the graph's product (`mm * s`) has a wider range than the kernel's output (x's dtype): fp16 x
     with an fp32 scale gives an fp32 result, finite where acc * s stored as fp16 would be inf. The kernel
     then runs unscaled (its output rounded like the graph's mm) and the scale follows in fp32. bf16 shares
@@ -81,7 +81,7 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401  (registers the triton_ops; imports Triton)
 
     em = Emitter(graph, rec.output)
-    after = _scale_after_kernel(rec)
+    after = scale_after_kernel(rec)
     bias = None if after else _fusable_bias(rec)
     absorbed = None if after else _absorbed_scale(em, rec)
     if after:

@@ -1,0 +1,112 @@
+"""The CUTLASS lowerings of CUDA: when qlower's CUTLASS W8A16 GEMM (sm_90a) computes a woq-int8 record, and
+when AUTO prefers it.
+
+Correct (`supports`): capability 9.0 exactly (the library holds sm_90a code alone), bf16/fp16 x, an int8
+weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA rows), a scale of x's
+dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, not under
+AOTInductor (no C shim yet: the package keeps the Triton lowering and runs without qlower), and a built
+library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report).
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`. It is ranked before the Triton lowering, which
+keeps M up to 128 and every symbolic M; dequant + cuBLAS keeps M above the range (BENCHMARKS.md, "CUDA,
+woq_int8, CUTLASS W8A16": `scripts/tune_cutlass.py`, 4096->14336 and 14336->4096).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qlower.lowerings.devices.capability import cuda_capability, describe_capability
+from qlower.lowerings.devices.common import weight_scale_range_blocker
+from qlower.lowerings.emit.cutlass import emit_woq_int8_cutlass
+from qlower.lowerings.emit.triton_int8 import scale_after_kernel
+from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.registry import Lowering
+from qlower.patterns.graph_utils import is_static, tensor_val
+from qlower.patterns.record import QuantLinear
+
+SM90A = (9, 0)
+K_MULTIPLE, N_MULTIPLE = 16, 8
+# AUTO's static-M range for the CUTLASS kernel: (lowest M, highest M or None). On the H200 it ran 0.84-0.97x
+# bf16 at M = 256 where dequant + cuBLAS ran 0.47-0.49x, and 0.93-0.99x at M = 4096 (dequant + cuBLAS
+# 0.92-0.94x); at M = 8192 dequant + cuBLAS is faster (0.98-1.00x against 0.91-0.94x).
+CUTLASS_M_RANGE: tuple[int, int | None] = (129, 4096)
+
+
+def _aoti() -> bool:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    return bool(inductor_config.cpp_wrapper or getattr(V, "aot_compilation", False))
+
+
+def _scale_blocker(rec: QuantLinear) -> str | None:
+    s = rec.weight_scale
+    dtype = rec.compute_dtype
+    if s is None:
+        return None
+    if isinstance(s, (int, float)):
+        held = float(torch.tensor(float(s), dtype=dtype)) == float(s)
+        return None if held else f"the scale {s} is not exactly a {dtype} value (the kernel takes x's dtype)"
+    v = tensor_val(s)
+    if v is None or v.dtype != dtype:
+        return f"scale dtype {None if v is None else v.dtype} (the kernel takes x's dtype {dtype})"
+    if v.numel() not in (1, int(rec.n)):
+        return f"scale of {v.numel()} values (the kernel takes {rec.n} or 1)"
+    return None
+
+
+def _operand_blocker(rec: QuantLinear) -> str | None:
+    if rec.compute_dtype not in (torch.bfloat16, torch.float16):
+        return f"activation dtype {rec.compute_dtype} (the kernel takes bf16/fp16)"
+    xv, wv = tensor_val(rec.x), tensor_val(rec.weight)
+    if xv is None or xv.dtype != rec.compute_dtype or xv.dim() != 2:
+        return "x is not a 2-D tensor of the compute dtype"
+    if wv is None or wv.dtype != torch.int8 or wv.dim() != 2:
+        return "weight is not a 2-D int8 tensor"
+    if rec.weight_layout != "NK" or wv.stride(-1) != 1:
+        return "weight is not stored [N, K] with K contiguous (the kernel's TMA rows)"
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return f"K={rec.k} or N={rec.n} is dynamic"
+    if int(rec.k) % K_MULTIPLE or int(rec.n) % N_MULTIPLE or int(rec.n) == 0:
+        return f"needs K % {K_MULTIPLE} == 0 and N % {N_MULTIPLE} == 0 (K={rec.k}, N={rec.n})"
+    return None
+
+
+def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
+    if rec.device.type != "cuda":
+        return f"device {rec.device} is not CUDA"
+    cap = cuda_capability(rec.device)
+    if cap != SM90A:
+        return f"the CUTLASS library holds sm_90a code, for capability 9.0 only; this device's is {describe_capability(cap)}"
+    if _aoti():
+        return "AOTInductor: the CUTLASS kernel has no C shim yet, so the package keeps the Triton lowering"
+    why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
+    if why:
+        return why
+    if scale_after_kernel(rec):
+        return "fp16 x with a wider scale: the graph's product has fp32's range (the Triton lowering scales after)"
+    from qlower.lowerings.kernels.cutlass import build  # the toolchain and build, only for a candidate
+
+    lib = build.library()
+    return lib if isinstance(lib, str) else None
+
+
+def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
+    lo, hi = CUTLASS_M_RANGE
+    if not is_static(rec.m):
+        return "a symbolic M keeps the Triton op's run-time choice (its dequant + cuBLAS above the crossover)"
+    m = int(rec.m)
+    if m < lo or (hi is not None and m > hi):
+        return f"M={m} outside the CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
+    return None
+
+
+WOQ_INT8_CUTLASS = Lowering(
+    name="cutlass.woq_int8_w8a16",
+    family="woq_int8",
+    kind=KernelPreference.CUTLASS,
+    supports=supports_woq_int8_cutlass,
+    prefer=prefer_woq_int8_cutlass,
+    emit=emit_woq_int8_cutlass,
+    doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
+)

@@ -1,0 +1,212 @@
+"""Find nvcc and the CUTLASS headers, and build qlower's CUTLASS library: one object per configuration,
+compiled in parallel for sm_90a, linked into one shared library, cached on disk by a digest of the sources,
+the configurations, the flags and the toolchain's versions.
+
+Where things come from (first found wins):
+- nvcc: `$QLOWER_NVCC`; the `nvidia-cuda-nvcc` package (the `qlower[cuda]` extra); `$CUDA_HOME/bin/nvcc`;
+  `nvcc` on PATH; /usr/local/cuda/bin/nvcc.
+- CUTLASS/CuTe headers: `$QLOWER_CUTLASS_INCLUDE` (folders, os.pathsep-separated); the `nvidia-cutlass`
+  package's `cutlass_library/source/include` and `tools/util/include` (the extra); `$CUTLASS_PATH`.
+- a library built elsewhere (`python -m qlower build --out DIR`, copied to a machine without nvcc):
+  `$QLOWER_CUTLASS_LIBRARY`, used as it is.
+
+Nothing here raises for a missing toolchain: `library()` returns the reason, which the lowering's `supports`
+puts in the report, and the Triton lowerings stay in charge.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from qlower.lowerings.kernels.cpp_build import cache_root
+from qlower.lowerings.kernels.cutlass.configs import W8A16_CONFIGS, Config
+
+CUDA_SRC = Path(__file__).resolve().parent.parent / "csrc" / "cuda"
+W8A16_SOURCE = CUDA_SRC / "w8a16_sm90.cu"
+LIBRARY_NAME = "libqlower_cutlass_sm90.so"
+ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)  # wgmma and setmaxnreg need the `a` target
+NVCC_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-DNDEBUG",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC",
+    "-Xcompiler=-fvisibility=hidden",
+    *ARCH_FLAGS,
+)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: Path
+    includes: tuple[Path, ...]  # CUTLASS include/ and tools/util/include
+
+    @functools.cached_property
+    def versions(self) -> str:
+        """nvcc's release line and CUTLASS's version header: part of the cache digest."""
+        out = subprocess.run([str(self.nvcc), "--version"], capture_output=True, text=True, check=False)
+        release = out.stdout.strip().splitlines()[-1:] or ["nvcc ?"]
+        header = self.includes[0] / "cutlass" / "version.h"
+        cutlass = header.read_text() if header.exists() else ""
+        digest = hashlib.sha256(cutlass.encode()).hexdigest()[:12]
+        return f"{release[0]}; cutlass version.h {digest}"
+
+
+def _package_dirs(name: str) -> list[Path]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    return [Path(p) for p in (spec.submodule_search_locations or [])]
+
+
+def find_nvcc() -> Path | None:
+    candidates: list[Path] = []
+    if os.environ.get("QLOWER_NVCC"):
+        candidates.append(Path(os.environ["QLOWER_NVCC"]))
+    for root in _package_dirs("nvidia"):
+        candidates += [root / "cu13" / "bin" / "nvcc", root / "cuda_nvcc" / "bin" / "nvcc"]
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(Path(on_path))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def find_cutlass() -> tuple[Path, ...] | None:
+    options: list[tuple[Path, ...]] = []
+    if os.environ.get("QLOWER_CUTLASS_INCLUDE"):
+        options.append(tuple(Path(p) for p in os.environ["QLOWER_CUTLASS_INCLUDE"].split(os.pathsep) if p))
+    for root in _package_dirs("cutlass_library"):
+        src = root / "source"
+        options.append((src / "include", src / "tools" / "util" / "include"))
+    if os.environ.get("CUTLASS_PATH"):
+        src = Path(os.environ["CUTLASS_PATH"])
+        options.append((src / "include", src / "tools" / "util" / "include"))
+    for dirs in options:
+        if dirs and (dirs[0] / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").exists():
+            return dirs
+    return None
+
+
+def toolchain() -> Toolchain | str:
+    """The toolchain, or why there is none (naming what to install)."""
+    nvcc = find_nvcc()
+    includes = find_cutlass()
+    missing = []
+    if nvcc is None:
+        missing.append("nvcc")
+    if includes is None:
+        missing.append("the CUTLASS headers")
+    if missing:
+        return (
+            f"{' and '.join(missing)} not found: `pip install 'qlower[cuda]'` brings both "
+            "(or set QLOWER_NVCC / QLOWER_CUTLASS_INCLUDE)"
+        )
+    return Toolchain(nvcc, includes)
+
+
+class CudaBuildError(RuntimeError):
+    """nvcc failed on one of qlower's CUDA sources."""
+
+
+def _define_flags(cfg: Config) -> list[str]:
+    return [f"-D{k}={v}" for k, v in cfg.macros().items()]
+
+
+def compile_command(tc: Toolchain, cfg: Config, out: Path) -> list[str]:
+    incs = [f"-I{p}" for p in (*tc.includes, CUDA_SRC)]
+    return [str(tc.nvcc), *NVCC_FLAGS, *incs, *_define_flags(cfg), "-c", str(W8A16_SOURCE), "-o", str(out)]
+
+
+def _digest(tc: Toolchain, configs: tuple[Config, ...]) -> str:
+    h = hashlib.sha256()
+    for src in sorted(CUDA_SRC.iterdir()):
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    h.update(repr((NVCC_FLAGS, [c.macros() for c in configs], tc.versions)).encode())
+    return h.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    return cache_root().parent / "cuda"
+
+
+def _compile_all(tc: Toolchain, configs: tuple[Config, ...], work: Path, jobs: int) -> list[Path]:
+    def one(cfg: Config) -> Path:
+        obj = work / f"{cfg.name}.o"
+        proc = subprocess.run(compile_command(tc, cfg, obj), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CudaBuildError(f"qlower: nvcc failed on {cfg.name}:\n{proc.stderr[-6000:]}")
+        return obj
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, configs))
+
+
+def build(
+    tc: Toolchain, configs: tuple[Config, ...] = W8A16_CONFIGS, jobs: int | None = None, log=None
+) -> Path:
+    """The library for `configs`, from the cache or built now (`log(message)` hears the build's seconds)."""
+    folder = build_dir() / f"cutlass_sm90-{_digest(tc, configs)}"
+    lib = folder / LIBRARY_NAME
+    if lib.exists():
+        return lib
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    jobs = jobs or min(len(configs), os.cpu_count() or 1)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:
+        work = Path(tmp) / "build"
+        work.mkdir()
+        objects = _compile_all(tc, configs, work, jobs)
+        link = [str(tc.nvcc), *ARCH_FLAGS, "-shared", "-cudart", "shared", *map(str, objects)]
+        proc = subprocess.run([*link, "-o", str(work / LIBRARY_NAME)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CudaBuildError(f"qlower: linking {LIBRARY_NAME} failed:\n{proc.stderr[-4000:]}")
+        try:
+            work.rename(folder)  # atomic; a concurrent build that finished first wins
+        except OSError:
+            if not lib.exists():
+                raise CudaBuildError(
+                    f"qlower: {folder} holds no complete {LIBRARY_NAME}: delete it"
+                ) from None
+    if log is not None:
+        log(
+            f"qlower: built {LIBRARY_NAME} ({len(configs)} configurations, {jobs} jobs) in "
+            f"{time.perf_counter() - start:.0f} s: {lib}"
+        )
+    return lib
+
+
+_LOCK = threading.Lock()
+
+
+@functools.cache
+def library() -> Path | str:
+    """The W8A16 library's path (prebuilt, cached, or built now, once per process), or why there is none."""
+    prebuilt = os.environ.get("QLOWER_CUTLASS_LIBRARY")
+    if prebuilt:
+        return Path(prebuilt) if Path(prebuilt).is_file() else f"QLOWER_CUTLASS_LIBRARY={prebuilt} is no file"
+    tc = toolchain()
+    if isinstance(tc, str):
+        return tc
+    with _LOCK:
+        try:
+            return build(tc, log=lambda msg: print(msg, file=sys.stderr))
+        except CudaBuildError as e:
+            return str(e)

@@ -1,0 +1,237 @@
+"""qlower's CUTLASS W8A16 GEMM (lowerings/kernels/cutlass/, csrc/cuda/w8a16_sm90.cu).
+
+On any machine: which records the CUTLASS lowering takes, and why it declines the rest (traced graphs on fake
+CUDA tensors, capability pinned); the toolchain-missing reason; nvcc compiling the source for sm_90a where the
+`qlower[cuda]` extra is installed. On an sm_90 GPU (gpu): every configuration against float64, special values
+included, and a compiled model whose report, generated code and numbers show the kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_registry import fake_woq_graph
+
+import qlower
+from qlower.lowerings.devices.cuda import override_cuda_capability
+from qlower.lowerings.kernels.cutlass import build, configs
+from qlower.testing import apply_pass, graph_summary
+
+BF16 = torch.bfloat16
+LOWERING = "cutlass.woq_int8_w8a16"
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Pretend the library exists (decision tests never call it)."""
+    build.library.cache_clear()
+    monkeypatch.setattr(build, "library", lambda: Path("/nonexistent/libqlower_cutlass_sm90.so"))
+
+
+def _decide(m: int, k: int = 4096, n: int = 1024, capability=(9, 0), **kw) -> qlower.Report:
+    gm = fake_woq_graph("cuda", m=m, k=k, n=n, **kw)
+    with override_cuda_capability(capability):
+        report = apply_pass(gm)
+    report.graph = graph_summary(gm)  # type: ignore[attr-defined]
+    return report
+
+
+def test_auto_takes_cutlass_for_static_m_in_its_range(built):
+    lo, hi = qlower.lowerings.devices.cuda_cutlass.CUTLASS_M_RANGE
+    report = _decide(m=lo)
+    assert report.entries[0].lowering == LOWERING, report.table()
+    assert "= qlower.woq_int8_cutlass(x_1, w_1, " in report.graph, report.graph
+    for m in (lo - 1, hi + 1):
+        other = _decide(m=m)
+        assert other.entries[0].lowering != LOWERING, other.table()
+        assert "measured range" in dict(other.entries[0].passed_over)[LOWERING]
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [
+        ({"capability": (10, 0)}, "capability 9.0 only"),
+        ({"capability": (8, 0)}, "capability 9.0 only"),
+        ({"k": 24}, "K % 16 == 0"),
+        ({"n": 20}, "N % 8 == 0"),
+        ({"dtype": torch.float32}, "activation dtype torch.float32"),
+    ],
+)
+def test_cutlass_declines_with_its_reason(built, kw, reason):
+    report = _decide(m=512, **kw)
+    assert report.entries[0].lowering != LOWERING, report.table()
+    why = dict(report.entries[0].passed_over).get(LOWERING, "")
+    assert reason in why, report.table()
+
+
+def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
+    build.library.cache_clear()
+    monkeypatch.setenv("QLOWER_NVCC", "/nonexistent/nvcc")
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    try:
+        report = _decide(m=512)
+    finally:
+        build.library.cache_clear()
+    assert report.entries[0].lowering == "dequant_mm", report.table()
+    why = dict(report.entries[0].passed_over)[LOWERING]
+    assert "nvcc" in why and "qlower[cuda]" in why, why
+
+
+def test_every_configuration_has_a_unique_entry_point_name():
+    names = [c.name for c in configs.W8A16_CONFIGS]
+    assert len(set(names)) == len(names)
+    for c in configs.W8A16_CONFIGS:
+        assert configs.BY_NAME[c.name] == c
+    for (n, k), ranges in configs.TUNED.items():
+        assert all(choice.config in configs.BY_NAME for _, choice in ranges), (n, k)
+
+
+def test_default_choice_uses_stream_k_where_tiles_cannot_fill_the_gpu():
+    assert configs.BY_NAME[configs.default_choice(256, 4096, 14336).config].stream_k
+    assert not configs.BY_NAME[configs.default_choice(4096, 14336, 4096).config].stream_k
+
+
+@pytest.mark.skipif(
+    isinstance(build.toolchain(), str), reason="no nvcc / CUTLASS (pip install 'qlower[cuda]')"
+)
+def test_nvcc_compiles_the_source_for_sm90a(tmp_path):
+    """The W8A16 source compiles for sm_90a without a GPU (one cooperative stream-K and one ping-pong
+    configuration: every macro branch of the source), and its object exports the configuration's entry point."""
+    tc = build.toolchain()
+    picks = [c for c in configs.W8A16_CONFIGS if c.stream_k][:1] + [
+        c for c in configs.W8A16_CONFIGS if c.pingpong
+    ][:1]
+    objects = build._compile_all(tc, tuple(picks), tmp_path, jobs=2)
+    for cfg, obj in zip(picks, objects, strict=True):
+        assert obj.stat().st_size > 0
+        assert f"qlower_w8a16_sm90_{cfg.name}".encode() in obj.read_bytes()
+
+
+# --------------------------------------------------------------------------------------------- GPU
+def _sm90() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "not sm_90"
+    lib = build.library()
+    return lib if isinstance(lib, str) else None
+
+
+@pytest.fixture
+def sm90() -> None:
+    """Skip unless on an sm_90 GPU with the library (built here at first use)."""
+    why = _sm90()
+    if why:
+        pytest.skip(why)
+
+
+def _bound(x, w, s, dtype) -> torch.Tensor:
+    """|out - ref| allowed per element: one rounding to `dtype` plus fp32 accumulation over K."""
+    eps = torch.finfo(dtype).eps
+    mag = (x.double().abs() @ w.double().abs().t()) * s.double().abs()
+    return mag * (eps + x.shape[1] * 2.0**-23) + 1e-30
+
+
+def _reference(x, w, s, b=None) -> torch.Tensor:
+    ref = (x.double() @ w.double().t()) * s.double().reshape(1, -1)
+    return ref if b is None else ref + b.double()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", [c.name for c in configs.W8A16_CONFIGS])
+def test_every_configuration_matches_float64(sm90, name, dtype):
+    from qlower.lowerings.kernels.cutlass import w8a16
+
+    splits = (0, 3) if configs.BY_NAME[name].stream_k else (0,)
+    torch.manual_seed(0)
+    for m, n, k in ((1, 8, 16), (3, 136, 80), (257, 264, 1024), (300, 1024, 4096)):
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+        for s in (
+            torch.rand(n, dtype=dtype, device="cuda") / 32,
+            torch.full((1,), 0.03, dtype=dtype, device="cuda"),
+        ):
+            for b in (None, torch.randn(n, dtype=dtype, device="cuda")):
+                for sp in splits:
+                    out = torch.empty(m, n, dtype=dtype, device="cuda")
+                    w8a16.launch(x, w, s, b, out, configs.Choice(name, sp))
+                    ref = _reference(x, w, s, b)
+                    err = (out.double() - ref).abs()
+                    bound = _bound(x, w, s.expand(n), dtype) + (
+                        0 if b is None else b.double().abs() * torch.finfo(dtype).eps
+                    )
+                    assert bool((err <= bound).all()), (name, m, n, k, sp, err.max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [c.name for c in configs.W8A16_CONFIGS])
+def test_special_values_propagate_like_float64(sm90, name):
+    """inf and NaN in x: NaN and inf land where the float64 reference has them (inf * 0 = NaN, inf - inf)."""
+    from qlower.lowerings.kernels.cutlass import w8a16
+
+    m, n, k = 64, 128, 256
+    torch.manual_seed(1)
+    x = torch.randn(m, k, dtype=BF16, device="cuda")
+    x[3, 5], x[7, 9], x[9, 0], x[9, 1], x[11, 2] = (
+        float("inf"),
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        float("-inf"),
+    )
+    w = torch.randint(-3, 4, (n, k), dtype=torch.int8, device="cuda")
+    s = torch.rand(n, dtype=BF16, device="cuda")
+    out = torch.empty(m, n, dtype=BF16, device="cuda")
+    w8a16.launch(x, w, s, None, out, configs.Choice(name, 0))
+    ref = _reference(x, w, s)
+    assert torch.equal(out.isnan().cpu(), ref.isnan().cpu())
+    assert torch.equal(out.isinf().cpu(), ref.isinf().cpu())
+    assert torch.equal(out[out.isinf()].sign().cpu(), ref[ref.isinf()].sign().float().cpu().to(BF16))
+    finite = ref.isfinite()
+    assert bool(
+        ((out.double() - ref).abs()[finite] <= _bound(x.nan_to_num(0, 0, 0), w, s, BF16)[finite] * 2).all()
+    )
+
+
+@pytest.mark.gpu
+def test_op_takes_strided_x(sm90):
+    m, n, k = 300, 256, 512
+    base = torch.randn(m, k + 64, dtype=BF16, device="cuda")
+    x = base[:, 32 : 32 + k]  # row stride k + 64, 64-byte offset
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    s = torch.rand(n, dtype=BF16, device="cuda") / 16
+    out = torch.ops.qlower.woq_int8_cutlass(x, w, s, None)
+    err = (out.double() - _reference(x, w, s)).abs()
+    assert bool((err <= _bound(x, w, s, BF16)).all())
+
+
+@pytest.mark.gpu
+def test_compiled_model_runs_cutlass_for_prefill(sm90):
+    """torch.compile with qlower's options at a static M = 512: the report names the CUTLASS lowering, the
+    generated code calls the op, and the output is within the float64 bound."""
+    torch.manual_seed(0)
+    m, n, k = 512, 1024, 2048
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    s = torch.rand(n, dtype=BF16, device="cuda") / 64
+    b = torch.randn(n, dtype=BF16, device="cuda")
+
+    def f(x):
+        return torch.nn.functional.linear(x, w.to(x.dtype)) * s + b
+
+    x = torch.randn(m, k, dtype=BF16, device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(f, options=qlower.inductor_options())
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    with inductor_config.patch(force_disable_caches=True):
+        out, code = run_and_get_code(compiled, x)
+    report = qlower.last_report()
+    assert [e.lowering for e in report.lowered] == [LOWERING], report.table()
+    assert "qlower.woq_int8_cutlass" in "\n".join(code)
+    ref = _reference(x, w, s, b)
+    bound = _bound(x, w, s, BF16) * 2 + ref.abs() * 2**-8
+    assert bool(((out.double() - ref).abs() <= bound).all())
