@@ -69,3 +69,17 @@ def product_dtype(rec: QuantLinear) -> torch.dtype:
         return v.dtype
     sv = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
     return rec.compute_dtype if sv is None else torch.promote_types(sv.dtype, rec.compute_dtype)
+
+
+def _exponent_range(dtype: torch.dtype) -> int:
+    return int(torch.finfo(dtype).max).bit_length()
+
+
+def scale_after_kernel(rec: QuantLinear) -> bool:
+    """Whether the graph's product (`mm * s`) has a wider range than the kernel's output (x's dtype): fp16 x
+    with an fp32 scale gives an fp32 result, finite where acc * s stored as fp16 would be inf. The kernel
+    then runs unscaled (its output rounded like the graph's mm) and the scale follows in fp32. bf16 shares
+    fp32's exponent range: its kernel output stays scaled (one rounding, no extra pass)."""
+    if rec.weight_scale is None:
+        return False
+    return _exponent_range(rec.compute_dtype) < _exponent_range(product_dtype(rec))

@@ -1,4 +1,4 @@
-"""The knobs of qlower's Triton kernels, for the sweeps that choose their committed tables.
+"""The knobs of qlower's Triton and CUTLASS kernels, for the sweeps that choose their committed tables.
 
 `scripts/tune_cuda_kernels.py --sweep` times `gemv`/`mm` configs of the int8 kernels and writes the data file
 (lowerings/kernels/triton/tuned/<gpu>.json) whose winners `WOQ_INT8_TUNED` / `DYNAMIC_INT8_TUNED` hold for the
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from qlower.lowerings.kernels.cutlass import build as _cutlass_build
+from qlower.lowerings.kernels.cutlass import configs as _cutlass_configs
+from qlower.lowerings.kernels.cutlass import w8a16 as _cutlass_w8a16
 from qlower.lowerings.kernels.triton import configs as _configs
 from qlower.lowerings.kernels.triton import tuned as _tuned
 from qlower.lowerings.kernels.triton.int8 import ops as _int8_ops
@@ -35,6 +38,14 @@ tuned_document = _tuned.document
 dump_tuned = _tuned.dumps
 launch_int8_as_dynamic = _int8_ops.launch_as_dynamic
 launch_int8_config = _int8_ops.launch_config
+launch_woq_dequant_mm = _int8_ops._dense  # dequant + cuBLAS: AUTO's route above the int8 kernels' range
+
+# CUTLASS W8A16 GEMM (sm_90a): the library, its configurations, one-configuration launches
+# (`scripts/tune_cutlass.py` writes lowerings/kernels/cutlass/tuned/<gpu>.json)
+cutlass_library = _cutlass_build.library
+CUTLASS_W8A16_CONFIGS = _cutlass_configs.W8A16_CONFIGS
+CutlassChoice = _cutlass_configs.Choice
+launch_cutlass_w8a16 = _cutlass_w8a16.launch
 
 # MX kernels
 MXConfig = _mx_ops.MXConfig
@@ -52,6 +63,8 @@ def set_mx_default(name: str, cfg: Any) -> None:
 
 
 __all__ = [
+    "CUTLASS_W8A16_CONFIGS",
+    "CutlassChoice",
     "DYNAMIC_INT8_TABLE",
     "DYNAMIC_INT8_TUNED",
     "MXConfig",
@@ -65,9 +78,12 @@ __all__ = [
     "dump_tuned",
     "dynamic_plan",
     "gemv",
+    "cutlass_library",
+    "launch_cutlass_w8a16",
     "launch_int8_as_dynamic",
     "launch_int8_config",
     "launch_mx_config",
+    "launch_woq_dequant_mm",
     "m_bucket",
     "mm",
     "pick_mx_config",

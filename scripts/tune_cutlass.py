@@ -18,17 +18,16 @@ from pathlib import Path
 import torch
 from cuda_timing import gpu_time_us
 
-from qlower.lowerings.kernels.cutlass import build, configs, w8a16
-from qlower.lowerings.kernels.triton.int8 import ops as triton_int8
+from qlower import tuning
 
 SETS = 8
 SPLITS = (0, 2, 3, 4)  # stream-K configurations: heuristic, then split-K by s
 
 
-def choices() -> list[configs.Choice]:
+def choices() -> list[tuning.CutlassChoice]:
     out = []
-    for cfg in configs.W8A16_CONFIGS:
-        out += [configs.Choice(cfg.name, s) for s in (SPLITS if cfg.stream_k else (0,))]
+    for cfg in tuning.CUTLASS_W8A16_CONFIGS:
+        out += [tuning.CutlassChoice(cfg.name, s) for s in (SPLITS if cfg.stream_k else (0,))]
     return out
 
 
@@ -41,8 +40,8 @@ def problem(m: int, n: int, k: int) -> dict:
     return {"x": x, "w": w, "s": s, "wb": wb, "out": torch.empty(m, n, device="cuda", dtype=torch.bfloat16)}
 
 
-def rel_err(p: dict, choice: configs.Choice) -> float:
-    w8a16.launch(p["x"], p["w"][0], p["s"][0], None, p["out"], choice)
+def rel_err(p: dict, choice: tuning.CutlassChoice) -> float:
+    tuning.launch_cutlass_w8a16(p["x"], p["w"][0], p["s"][0], None, p["out"], choice)
     ref = (p["x"].double() @ p["w"][0].double().t()) * p["s"][0].double()
     return ((p["out"].double() - ref).norm() / ref.norm()).item()
 
@@ -53,7 +52,10 @@ def measure(m: int, n: int, k: int) -> dict:
     row = {"m": m, "n": n, "k": k}
     row["bf16_us"] = gpu_time_us([lambda i=i: torch.mm(x, p["wb"][i].t()) for i in range(SETS)])
     row["dequant_us"] = gpu_time_us(
-        [lambda i=i: triton_int8._dense(x, p["w"][i], p["s"][i], None, x.dtype) for i in range(SETS)]
+        [
+            lambda i=i: tuning.launch_woq_dequant_mm(x, p["w"][i], p["s"][i], None, x.dtype)
+            for i in range(SETS)
+        ]
     )
     row["configs"] = {}
     for c in choices():
@@ -61,7 +63,10 @@ def measure(m: int, n: int, k: int) -> dict:
         if not err < 1e-2:
             row["configs"][f"{c.config}/{c.splits}"] = {"error": err}
             continue
-        calls = [lambda i=i, c=c: w8a16.launch(x, p["w"][i], p["s"][i], None, out, c) for i in range(SETS)]
+        calls = [
+            lambda i=i, c=c: tuning.launch_cutlass_w8a16(x, p["w"][i], p["s"][i], None, out, c)
+            for i in range(SETS)
+        ]
         row["configs"][f"{c.config}/{c.splits}"] = {"us": gpu_time_us(calls), "rel_err": err}
     timed = {key: v["us"] for key, v in row["configs"].items() if "us" in v}
     row["best"] = min(timed, key=timed.get)
@@ -91,7 +96,7 @@ def main() -> None:
     ap.add_argument("--raw", type=Path, help="write every timing here (JSON)")
     args = ap.parse_args()
     start = time.perf_counter()
-    lib = build.library()
+    lib = tuning.cutlass_library()
     print(f"library: {lib} ({time.perf_counter() - start:.0f} s)", flush=True)
     rows = []
     for shape in args.shapes.split(","):

@@ -5,9 +5,9 @@ Every shim of a qlower op calls the op's C++ kernel compiled into the package's 
 (woq-int8 pinned to each qlower op a CPU wrapper can call, with a `Dim` batch; and one model holding every
 family, static and `Dim` batch) are exported with a private qlower cache, copied into a fresh folder, and the
 export's cache and folder are deleted. Each then runs in a fresh process, in that folder, with
-`QLOWER_CACHE_DIR` pointing at a new empty directory, four ways (`WAYS`): qlower blocked (its import fails),
-after `import qlower` alone, after `qlower.load_ops()`, and on the ops library `python -m qlower ops-library`
-wrote (a C++ deployment's recipe, docs/aoti.md). Each matches eager at every batch size it was run with, and
+`QLOWER_CACHE_DIR` pointing at a new empty directory, four ways (`WAYS`; the every-family packages the first
+alone, `RUNS`): qlower blocked (its import fails), after `import qlower` alone, after `qlower.load_ops()`, and
+on the ops library `python -m qlower ops-library` wrote (a C++ deployment's recipe, docs/aoti.md). Each matches eager at every batch size it was run with, and
 builds nothing. On CUDA (gpu), one package per family, run the first three ways.
 """
 
@@ -131,7 +131,7 @@ def ops_library(tmp_path_factory) -> Path:
     return lib
 
 
-@pytest.fixture(scope="module", params=list(PACKAGES))
+@pytest.fixture(scope="module")
 def moved(request, tmp_path_factory, ops_library: Path) -> Moved:
     """PACKAGES[param]: a woq-int8 package calling that qlower op (AUTO's choice pinned, since it depends on
     the CPU's ISA level), or the every-family model with a `Dim` or a static batch."""
@@ -193,6 +193,7 @@ def _elf(args: list[str], path: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.parametrize("moved", PACKAGES, indirect=True)
 def test_the_package_calls_qlower_through_its_c_shim(moved):
     assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
     if moved.name not in OPS:
@@ -227,12 +228,18 @@ def run_script(way: str) -> str:
     return _RUN.format(preamble=WAYS[way], blocked=way in ("qlower_blocked", "ops_library"))
 
 
-@pytest.mark.parametrize("way", list(WAYS))
+# Each package a qlower op's shim is pinned to runs every way; the every-family packages (the slowest to export)
+# run the strictest way, qlower blocked: a package that runs so needs nothing of qlower's.
+RUNS = [(p, w) for p in OPS for w in WAYS] + [(p, "qlower_blocked") for p in PACKAGES if p not in OPS]
+
+
+@pytest.mark.parametrize(("moved", "way"), RUNS, indirect=["moved"])
 def test_moved_package_runs_in_a_fresh_process(moved, way, tmp_path):
     """Every way matches eager; the package builds nothing where it runs (`run_fresh`)."""
     assert_matches_eager(moved, run_fresh(moved, run_script(way), tmp_path))
 
 
+@pytest.mark.parametrize("moved", PACKAGES, indirect=True)
 def test_wrapper_library_holds_its_shims_and_links_no_qlower_library(moved, tmp_path):
     """The shims are linked into the package's own wrapper: no qlower library, no path of the export machine."""
     so = wrapper_library(moved, tmp_path)

@@ -62,8 +62,15 @@ def _greedy(model: torch.nn.Module, ids: torch.Tensor, tokens: int) -> tuple[tor
 FAMILIES = ["woq_int8", "dynamic_int8", "mx"]
 
 
+# On CPU, woq-int8 alone: each family's generate compiles the model three times (prefill, decode, the
+# automatic-dynamic recompile), 2-4 minutes a family on the 2-core CI machine. dynamic-int8 and MX generate run
+# on CUDA (`test_greedy_generate_matches_eager_cuda`); their CPU lowering of the same HF models is checked per
+# linear in tests/test_hf_dynamic_int8.py and tests/test_hf_mx.py.
+CPU_FAMILIES = ["woq_int8"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", CPU_FAMILIES)
 def test_greedy_generate_matches_eager(family):
     _check_generate(family, "cpu", torch.bfloat16 if family == "mx" else torch.float32)
 

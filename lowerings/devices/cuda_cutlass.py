@@ -6,21 +6,24 @@ weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA 
 dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, not under
 AOTInductor (no C shim yet: the package keeps the Triton lowering and runs without qlower), and a built
 library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report).
-Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`. It is ranked before the Triton lowering, which
-keeps M up to 128 and every symbolic M; dequant + cuBLAS keeps M above the range (BENCHMARKS.md, "CUDA,
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`, and a symbolic M, which gets qlower's Triton op
+with this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
+lowering, which keeps a static M up to 128; dequant + cuBLAS keeps a static M above the range (BENCHMARKS.md, "CUDA,
 woq_int8, CUTLASS W8A16": `scripts/tune_cutlass.py`, 4096->14336 and 14336->4096).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import weight_scale_range_blocker
 from qlower.lowerings.emit.cutlass import emit_woq_int8_cutlass
-from qlower.lowerings.emit.triton_int8 import scale_after_kernel
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering
+from qlower.lowerings.scale_facts import scale_after_kernel
 from qlower.patterns.graph_utils import is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
@@ -94,7 +97,7 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
 def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     lo, hi = CUTLASS_M_RANGE
     if not is_static(rec.m):
-        return "a symbolic M keeps the Triton op's run-time choice (its dequant + cuBLAS above the crossover)"
+        return None  # the Triton op up to lo - 1, this GEMM above: picked on the host per call (emit.cutlass)
     m = int(rec.m)
     if m < lo or (hi is not None and m > hi):
         return f"M={m} outside the CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
@@ -107,6 +110,6 @@ WOQ_INT8_CUTLASS = Lowering(
     kind=KernelPreference.CUTLASS,
     supports=supports_woq_int8_cutlass,
     prefer=prefer_woq_int8_cutlass,
-    emit=emit_woq_int8_cutlass,
+    emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
 )

@@ -1,5 +1,9 @@
 """How a woq-int8 record becomes a call of qlower's CUTLASS W8A16 GEMM (`qlower::woq_int8_cutlass`). When it
-is chosen is `lowerings/devices/cuda_cutlass.py` (`WOQ_INT8_CUTLASS`)."""
+is chosen is `lowerings/devices/cuda_cutlass.py` (`WOQ_INT8_CUTLASS`).
+
+A static M (or an explicit CUTLASS preference) calls the op. A symbolic M under AUTO calls qlower's Triton
+woq op with the CUTLASS GEMM as its branch above `triton_max_m` (`emit.triton_int8.emit_woq_int8`): the
+Triton kernels keep the small M they are faster at, and the choice stays on the host at run time."""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish
-from qlower.patterns.graph_utils import known_eq, tensor_val
+from qlower.lowerings.emit.triton_int8 import emit_woq_int8
+from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.registry import emitting_under
+from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -30,9 +37,11 @@ def _scale(em: Emitter, rec: QuantLinear) -> fx.Node:
     )
 
 
-def emit_woq_int8_cutlass(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_woq_int8_cutlass(graph: fx.Graph, rec: QuantLinear, triton_max_m: int) -> fx.Node:
     from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
 
+    if not is_static(rec.m) and emitting_under() is KernelPreference.AUTO:
+        return emit_woq_int8(graph, rec, cutlass_above=triton_max_m)
     em = Emitter(graph, rec.output)
     bias = fused_bias(rec)
     core = em.call(

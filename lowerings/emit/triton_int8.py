@@ -12,7 +12,7 @@ from torch import fx
 from qlower.lowerings.emit.common import Emitter, finish, host_branches, scale_epilogue
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import emitting_under
-from qlower.lowerings.scale_facts import product_dtype
+from qlower.lowerings.scale_facts import scale_after_kernel
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
@@ -51,20 +51,6 @@ def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
     return rec.bias if v is not None and known_eq(v.numel(), rec.n) else None
 
 
-def _exponent_range(dtype: torch.dtype) -> int:
-    return int(torch.finfo(dtype).max).bit_length()
-
-
-def scale_after_kernel(rec: QuantLinear) -> bool:
-    """Whether the graph's product (`mm * s`) has a wider range than the kernel's output (x's dtype): fp16 x
-    with an fp32 scale gives an fp32 result, finite where acc * s stored as fp16 would be inf. The kernel
-    then runs unscaled (its output rounded like the graph's mm) and the scale follows in fp32. bf16 shares
-    fp32's exponent range: its kernel output stays scaled (one rounding, no extra pass)."""
-    if rec.weight_scale is None:
-        return False
-    return _exponent_range(rec.compute_dtype) < _exponent_range(product_dtype(rec))
-
-
 def _dense_above(rec: QuantLinear) -> int:
     """Where a symbolic M hands over to dequant + cuBLAS inside the op: AUTO's measured crossover
     (`configs.WOQ_INT8_MAX_M`, the M above which a static M is lowered to dequant_mm), never under an explicit
@@ -76,14 +62,17 @@ def _dense_above(rec: QuantLinear) -> int:
     return configs.WOQ_INT8_MAX_M or 0
 
 
-def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_woq_int8(graph: fx.Graph, rec: QuantLinear, cutlass_above: int | None = None) -> fx.Node:
+    """The Triton op. `cutlass_above` (a symbolic M under the CUTLASS lowering, `emit.cutlass`): M above it
+    runs qlower's CUTLASS GEMM inside the op, instead of dequant + cuBLAS above AUTO's Triton crossover; the
+    scale then goes in as the graph has it (the lowering checked it is of x's dtype)."""
     from qlower.lowerings.emit.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401  (registers the triton_ops; imports Triton)
 
     em = Emitter(graph, rec.output)
     after = scale_after_kernel(rec)
     bias = None if after else _fusable_bias(rec)
-    absorbed = None if after else _absorbed_scale(em, rec)
+    absorbed = None if after or cutlass_above is not None else _absorbed_scale(em, rec)
     if after:
         scale = _full(em, rec, 1.0)
     else:
@@ -91,16 +80,19 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), scale]
     tensors += [bias] if bias is not None else []
 
-    dense_above = _dense_above(rec)
+    dense_above = _dense_above(rec) if cutlass_above is None else cutlass_above
+    dense_cutlass = cutlass_above is not None
     host_branch = host_branches(rec)
     round_scale = absorbed is not None
 
     def call(
         x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.ops.qlower.woq_int8_linear(x, w, s, b, dense_above, host_branch, round_scale)
+        return torch.ops.qlower.woq_int8_linear(
+            x, w, s, b, dense_above, host_branch, round_scale, dense_cutlass
+        )
 
-    key = ("woq_int8_linear", dense_above, host_branch, round_scale, bias is not None)
+    key = ("woq_int8_linear", dense_above, host_branch, round_scale, bias is not None, dense_cutlass)
     core = emit_traced(em, call, tensors, key)
     core = scale_epilogue(em, rec, core) if after else core
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

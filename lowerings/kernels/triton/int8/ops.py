@@ -245,6 +245,7 @@ def _run(
     as_dynamic: bool = False,
     host_branch: bool = False,
     round_ws: int = 0,
+    dense_cutlass: bool = False,
 ) -> torch.Tensor:
     """Static M: the device table's config for M. Symbolic M: per M range of `configs.dynamic_plan` the kernel
     a static M there gets, chosen on the host from the size without a guard or a device sync, in one of two
@@ -252,7 +253,8 @@ def _run(
     in the wrapper, so one call launches one kernel. Otherwise one launch per range, its grid gated by M to 0
     or 1 programs' worth (CUDA graphs capture only the launch that runs; Inductor refuses to capture a graph
     holding a `torch.cond` on CUDA tensors). `dense_above` > 0 (woq-int8 under AUTO): M above it takes dequant
-    + cuBLAS instead, as the static lowering does there. `as_dynamic`: a concrete M takes the gated path (its
+    + cuBLAS instead, as the static lowering does there, or with `dense_cutlass` qlower's CUTLASS GEMM
+    (`kernels/cutlass/w8a16.py`; the scale and bias then of x's dtype, `round_ws` 0). `as_dynamic`: a concrete M takes the gated path (its
     gates are then 0/1 ints; tests check every bucket that way). `round_ws`: every launch's ROUND_WS
     (`round_code`)."""
     m = a.shape[0]
@@ -264,9 +266,11 @@ def _run(
         )
     plan = configs.dynamic_plan(static_cfg, table, k, n, device, max_m=dense_above or None)
     if host_branch and not as_dynamic:
-        return _branch_on_m(plan, dense_above, a, w, ws, xs, bias, out_dtype, round_ws)
+        return _branch_on_m(plan, dense_above, a, w, ws, xs, bias, out_dtype, round_ws, dense_cutlass)
     launches = [(cfg, g) for lo, hi, cfg in plan if (g := m_range_gate(m, lo, hi)) is not None]
-    dense = _dense_above(a, w, ws, bias, out_dtype, dense_above, round_ws) if dense_above else None
+    dense = (
+        _dense_above(a, w, ws, bias, out_dtype, dense_above, round_ws, dense_cutlass) if dense_above else None
+    )
     return _launch_all(launches, a, w, ws, xs, bias, out_dtype, dense, round_ws)
 
 
@@ -280,6 +284,7 @@ def _branch_on_m(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     round_ws: int = 0,
+    dense_cutlass: bool = False,
 ) -> torch.Tensor:
     """Per range of the plan M can reach (`m_range_gate`: never pruning M = 1) one ungated launch of its
     kernel, then dequant + cuBLAS above `dense_above`, chosen by `branch_on_m`'s host `if`s."""
@@ -288,7 +293,7 @@ def _branch_on_m(
     def leaf(cfg: KernelConfig | None) -> Any:
         def run(a_: Any, w_: Any, ws_: Any, xs_: Any, b_: Any) -> torch.Tensor:
             if cfg is None:
-                return _dense(a_, w_, ws_, b_, out_dtype, round_ws=round_ws)
+                return _dense(a_, w_, ws_, b_, out_dtype, round_ws=round_ws, cutlass=dense_cutlass)
             return _launch_all([(cfg, 1)], a_, w_, ws_, xs_, b_, out_dtype, None, round_ws)
 
         return run
@@ -307,6 +312,7 @@ def _dense_above(
     out_dtype: torch.dtype,
     above: int,
     round_ws: int = 0,
+    cutlass: bool = False,
 ) -> torch.Tensor | None:
     """The output of cuBLAS on the dequantized weight where M > `above`; where M <= above, the same GEMM with K
     gated to 0 (no weight built, no GEMM: cuBLAS only fills the output, which the Triton launches then write).
@@ -314,7 +320,7 @@ def _dense_above(
     g = m_range_gate(a.shape[0], above + 1, None)
     if g is None:
         return None
-    return _dense(a, w, ws, bias, out_dtype, g, round_ws)
+    return _dense(a, w, ws, bias, out_dtype, g, round_ws, cutlass)
 
 
 # The dequantize kernel's tile (N rows x K columns, 4 warps): 46.3 / 46.5 us for a 4096->14336 / 14336->4096
@@ -331,12 +337,22 @@ def _dense(
     out_dtype: torch.dtype,
     gate: Any = 1,
     round_ws: int = 0,
+    cutlass: bool = False,
 ) -> torch.Tensor:
-    """Dequantize the weight (the scale folded in: one rounding of w * s per element) and run cuBLAS; `gate`
-    (1, or a 0/1 SymInt) multiplies K and the dequantization grid."""
+    """Dequantize the weight (the scale folded in: one rounding of w * s per element) and run cuBLAS, or with
+    `cutlass` run qlower's CUTLASS W8A16 GEMM on the int8 weight; `gate` (1, or a 0/1 SymInt) multiplies K
+    (and the dequantization grid): with K = 0 either only fills the output."""
     n, k = w.shape
     ungated = isinstance(gate, int) and gate == 1
     kg = k if ungated else k * gate
+    if cutlass:
+        from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
+
+        assert round_ws == 0, "the CUTLASS GEMM takes the scale in x's dtype as the graph has it"
+        a_k, w_k = (a, w) if ungated else (a.narrow(1, 0, kg), w.narrow(1, 0, kg))
+        b = bias.to(a.dtype) if bias is not None else None
+        out = torch.ops.qlower.woq_int8_cutlass(a_k, w_k, ws.reshape(-1).to(a.dtype), b)
+        return out if out.dtype == out_dtype else out.to(out_dtype)
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
     bn, bk = DEQUANT_TILE
@@ -392,14 +408,16 @@ def woq_int8_linear(
     dense_above: int = 0,
     host_branch: bool = False,
     round_scale: bool = False,
+    dense_cutlass: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16) @ (w [N, K] int8 * w_scale [N] or [1]).T + bias [N] -> [M, N] in x's dtype.
-    `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels.
+    `dense_above` > 0: a symbolic M above it runs dequant + cuBLAS (AUTO's crossover), not the Triton kernels;
+    with `dense_cutlass` it runs qlower's CUTLASS GEMM there instead.
     `host_branch`: a symbolic M picks its kernel with `torch.cond`, not gated grids (`_run`).
     `round_scale`: w_scale (fp32) is rounded to x's dtype before use, as the graph's own cast of it did."""
     return _run(
         x, w, w_scale, None, bias, x.dtype, configs.woq_int8_config, configs.WOQ_INT8_TUNED, dense_above,
-        host_branch=host_branch, round_ws=round_code(x.dtype, round_scale),
+        host_branch=host_branch, round_ws=round_code(x.dtype, round_scale), dense_cutlass=dense_cutlass,
     )  # fmt: skip
 
 
@@ -445,6 +463,7 @@ def launch_as_dynamic(
     out_dtype: torch.dtype | None = None,
     dense_above: int = 0,
     round_scale: bool = False,
+    dense_cutlass: bool = False,
 ) -> torch.Tensor:
     """Eager run of the launches a symbolic M gets (woq-int8 for float `a`, dynamic-int8 for int8 `a`), at
     this concrete M: every gate is 0 or 1, so tests can check that each M meets exactly one right kernel."""
@@ -455,5 +474,5 @@ def launch_as_dynamic(
     round_ws = round_code(a.dtype, round_scale)
     return _run(
         a, w, ws, xs, bias, out_dtype or a.dtype, static_cfg, table, dense_above, as_dynamic=True,
-        round_ws=round_ws,
+        round_ws=round_ws, dense_cutlass=dense_cutlass,
     )  # fmt: skip
