@@ -208,8 +208,8 @@ def aoti_package(
                 timeout=PACKAGE_TIMEOUT_S,
             )
             if proc.returncode != 0 or proc.stdout.strip() != "ok":
-                last = proc.stderr.strip().splitlines()[-1:] or [f"no output, exit status {proc.returncode}"]
-                problems.append(f"aoti package, {way}: {last[0][:300]}")
+                tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[-400:] or "no output"
+                problems.append(f"aoti package, {way}: exit status {proc.returncode}: {tail}")
                 continue
             outs.append(torch.load(out_file))
     return outs

@@ -79,6 +79,40 @@ def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
     assert "nvcc" in why and "qlower[cuda]" in why, why
 
 
+def symbolic_m_woq_graph(k: int, n: int) -> torch.fx.GraphModule:
+    """A woq-int8 graph on fake CUDA tensors whose M is a size symbol (a dynamic batch)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(4, ConstantSource("m")), hint=4)
+    with FakeTensorMode(shape_env=env):
+        x = torch.empty(m, k, dtype=BF16, device="cuda")
+        w = torch.empty(n, k, dtype=torch.int8, device="cuda")
+        s = torch.empty(n, dtype=BF16, device="cuda")
+
+    def woq(x, w, s):
+        return torch.nn.functional.linear(x, w.to(x.dtype)) * s
+
+    return make_fx(woq, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(x, w, s)
+
+
+def test_symbolic_m_takes_cutlass_under_cuda_graphs_only(built):
+    from torch._inductor import config as inductor_config
+
+    def decide(cudagraphs: bool) -> qlower.Report:
+        gm = symbolic_m_woq_graph(k=4096, n=1024)
+        with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": cudagraphs}):
+            return apply_pass(gm)
+
+    assert decide(True).entries[0].lowering == LOWERING, decide(True).table()
+    without = decide(False).entries[0]
+    assert without.lowering != LOWERING and "without CUDA graphs" in dict(without.passed_over)[LOWERING]
+
+
 def test_every_configuration_has_a_unique_entry_point_name():
     names = [c.name for c in configs.W8A16_CONFIGS]
     assert len(set(names)) == len(names)
@@ -234,11 +268,10 @@ def test_compiled_model_runs_cutlass_for_prefill(sm90):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("mode", ["reduce-overhead"])
 def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
-    """A symbolic M (AUTO): qlower's Triton op with the CUTLASS GEMM as its branch above M = 128, chosen on the
-    host per call, without CUDA graphs (an `if` in the wrapper) and under them (launches gated by M); every M
-    within the float64 bound."""
+    """A symbolic M under CUDA graphs (AUTO): qlower's Triton op with the CUTLASS GEMM as its branch above
+    M = 127 (launches gated by M); every M within the float64 bound."""
     from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
@@ -251,11 +284,12 @@ def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
         return torch.nn.functional.linear(x, w.to(x.dtype)) * s
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, options=qlower.inductor_options(mode=mode), dynamic=True)
+    compiled = torch.compile(f, options=qlower.inductor_options(mode=mode))
     with inductor_config.patch(force_disable_caches=True):
         for i, m in enumerate((3, 100, 300, 600, 129, 128)):
             x = torch.randn(m, k, dtype=BF16, device="cuda")
             if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
                 out, code = run_and_get_code(compiled, x)
                 assert "woq_int8_cutlass" in "\n".join(code)
                 assert [e.lowering for e in qlower.last_report().lowered] == [LOWERING], (

@@ -6,9 +6,9 @@ weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA 
 dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, not under
 AOTInductor (no C shim yet: the package keeps the Triton lowering and runs without qlower), and a built
 library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report).
-Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`, and a symbolic M, which gets qlower's Triton op
-with this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
-lowering, which keeps a static M up to 128; dequant + cuBLAS keeps a static M above the range (BENCHMARKS.md, "CUDA,
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`, and a symbolic M under CUDA graphs, which gets
+qlower's Triton op with this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
+lowering, which keeps a static M up to 127; dequant + cuBLAS keeps a static M above the range (BENCHMARKS.md, "CUDA,
 woq_int8, CUTLASS W8A16": `scripts/tune_cutlass.py`, 4096->14336 and 14336->4096).
 """
 
@@ -29,10 +29,11 @@ from qlower.patterns.record import QuantLinear
 
 SM90A = (9, 0)
 K_MULTIPLE, N_MULTIPLE = 16, 8
-# AUTO's static-M range for the CUTLASS kernel: (lowest M, highest M or None). On the H200 it ran 0.84-0.97x
-# bf16 at M = 256 where dequant + cuBLAS ran 0.47-0.49x, and 0.93-0.99x at M = 4096 (dequant + cuBLAS
-# 0.92-0.94x); at M = 8192 dequant + cuBLAS is faster (0.98-1.00x against 0.91-0.94x).
-CUTLASS_M_RANGE: tuple[int, int | None] = (129, 4096)
+# AUTO's static-M range for the CUTLASS kernel: (lowest M, highest M or None). On the H200 (BENCHMARKS.md,
+# "CUTLASS W8A16") it ran 1.12x / 0.95x bf16 at M = 128 (4096->14336 / 14336->4096), where the Triton tiles
+# ran 0.92x / 0.66x; 0.84-0.97x at M = 256, where dequant + cuBLAS ran 0.47-0.49x; 0.93-0.99x at M = 4096
+# (dequant + cuBLAS 0.92-0.94x). At M = 8192 dequant + cuBLAS is faster (0.98-1.00x against 0.91-0.94x).
+CUTLASS_M_RANGE: tuple[int, int | None] = (128, 4096)
 
 
 def _aoti() -> bool:
@@ -97,7 +98,14 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
 def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     lo, hi = CUTLASS_M_RANGE
     if not is_static(rec.m):
-        return None  # the Triton op up to lo - 1, this GEMM above: picked on the host per call (emit.cutlass)
+        from torch._inductor import config as inductor_config
+
+        if not inductor_config.triton.cudagraphs:
+            return (
+                "a symbolic M without CUDA graphs keeps the Triton op's host branch (dequant + cuBLAS above its "
+                "crossover): the CUTLASS branch is measured and tested under CUDA graphs only"
+            )
+        return None  # the Triton op up to lo - 1, this GEMM above: launches gated by M (emit.cutlass)
     m = int(rec.m)
     if m < lo or (hi is not None and m > hi):
         return f"M={m} outside the CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
