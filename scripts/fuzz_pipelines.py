@@ -61,6 +61,19 @@ PACKAGE_WAYS = {
 PACKAGE_TIMEOUT_S = 3600  # a hang guard, never a speed limit
 
 
+def _package_load_env(device: str) -> dict[str, str]:
+    """LD_PRELOAD of the system libstdc++ for a CUDA package's fresh process, as tests/aoti_cuda.py documents:
+    on the torch 2.11 H200 image any CUDA package (qlower's or not) segfaults in its std::regex otherwise."""
+    if device != "cuda" or "libstdc++" in os.environ.get("LD_PRELOAD", ""):
+        return {}
+    try:
+        found = subprocess.run(["g++", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True)
+    except OSError:
+        return {}
+    path = os.path.realpath(found.stdout.strip())
+    return {"LD_PRELOAD": path} if found.returncode == 0 and os.path.isfile(path) else {}
+
+
 SHARE = 0.1  # of the cases drawn without a variant filter
 
 
@@ -195,7 +208,7 @@ def aoti_package(
         run_dir.mkdir()
         os.replace(path, run_dir / "model.pt2")
         torch.save({"x": [t.cpu() if case.device == "cpu" else t for t in xs]}, run_dir / "io.pt")
-        env = {**os.environ, "QLOWER_CACHE_DIR": str(root / "empty_cache")}
+        env = {**os.environ, "QLOWER_CACHE_DIR": str(root / "empty_cache"), **_package_load_env(case.device)}
         for way, preamble in PACKAGE_WAYS.items():
             out_file = root / f"{way}.pt"
             script = textwrap.dedent(_RUN_PACKAGE).format(preamble=preamble)
