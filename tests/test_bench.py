@@ -134,14 +134,14 @@ def test_plot_without_matplotlib_is_one_warning(
 
 
 def test_the_test_extra_installs_matplotlib() -> None:
-    """The README's set-up (scripts/run_tests.sh) installs `.[test]`: the bench's plot works from it."""
+    """The README's set-up (scripts/run_tests.sh) installs the test extra: the bench's plot works from it."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     extras = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
     assert "matplotlib" in extras["test"]
-    assert "'.[test]'" in (SCRIPTS / "run_tests.sh").read_text()
+    assert "'.[test,cuda]'" in (SCRIPTS / "run_tests.sh").read_text()
 
 
 def test_bench_woq_alias_runs() -> None:
