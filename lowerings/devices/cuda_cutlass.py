@@ -21,6 +21,7 @@ import torch
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import weight_scale_range_blocker
 from qlower.lowerings.emit.cutlass import emit_woq_int8_cutlass
+from qlower.lowerings.kernels.cutlass.configs import K_MULTIPLE, N_MULTIPLE
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering
 from qlower.lowerings.scale_facts import scale_after_kernel
@@ -28,7 +29,6 @@ from qlower.patterns.graph_utils import is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
 SM90A = (9, 0)
-K_MULTIPLE, N_MULTIPLE = 16, 8
 # AUTO's static-M range for the CUTLASS kernel: (lowest M, highest M or None). On the H200 (BENCHMARKS.md,
 # "CUTLASS W8A16") it ran 1.12x / 0.95x bf16 at M = 128 (4096->14336 / 14336->4096), where the Triton tiles
 # ran 0.92x / 0.66x; 0.84-0.97x at M = 256, where dequant + cuBLAS ran 0.47-0.49x; 0.93-0.99x at M = 4096

@@ -13,6 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+# The operands' alignment the kernel needs: 16-byte TMA rows of the int8 weight (K) and of the bf16/fp16
+# output (N). Read by the op (w8a16.py) and by the lowering's rules (devices/cuda_cutlass.py).
+K_MULTIPLE, N_MULTIPLE = 16, 8
+
 
 @dataclass(frozen=True)
 class Config:

@@ -25,7 +25,7 @@ STATUS = {
     6: "the library was not built for sm_90a",
 }
 DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1}
-K_MULTIPLE, N_MULTIPLE = 16, 8  # 16-byte TMA rows of int8 w (K) and of the bf16 output (N)
+K_MULTIPLE, N_MULTIPLE = configs.K_MULTIPLE, configs.N_MULTIPLE
 
 
 class Args(ctypes.Structure):
