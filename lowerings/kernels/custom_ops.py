@@ -152,9 +152,15 @@ def _(
 woq_int8_gemm = torch.ops.qlower.woq_int8_gemm.default
 
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
-# cache): they never reach a package, so they get no C shim and no C++ kernel.
+# cache, or a ctypes-loaded CUDA library: `devices/cuda_cutlass.py` refuses AOTI compiles): they never reach a
+# package, so they get no C shim and no C++ kernel.
 PYTHON_RUNTIME_ONLY = frozenset(
-    {"qlower::qlinear_u8_cached", "qlower::int8_weight_mm", "qlower::int8_scaled_weight_mm"}
+    {
+        "qlower::qlinear_u8_cached",
+        "qlower::int8_weight_mm",
+        "qlower::int8_scaled_weight_mm",
+        "qlower::woq_int8_cutlass",
+    }
 )
 
 # qlower's operators are registered now: a qlower library loaded after this point would define them again, and
