@@ -40,6 +40,8 @@ class Lowering:
     `emits` names the aten ops ("aten::_scaled_mm_v2") the emitted graph leaves to Inductor as extern
     kernels: AOTInductor needs a C shim for each, and `python -m qlower shims` generates those the installed
     torch lacks (qlower's own ops are always shimmed).
+    `detail(record)`, where given, names what the kernel runs for this record (its path and ISA tier, say): the
+    report's "why" of a chosen lowering adds it after `doc`.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Lowering:
     doc: str = ""
     emits: tuple[str, ...] = ()
     prefer: SupportsFn | None = None
+    detail: Callable[[QuantLinear], str] | None = None
 
 
 def _no_description(device: torch.device) -> str:

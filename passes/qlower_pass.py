@@ -147,6 +147,7 @@ class QLowerPass(CustomGraphPass):
             return reporting.Decision(
                 lowering=None, reason=choice.reason, passed_over=choice.passed_over, **base
             )
+        why = _why_chosen(choice, self.preference, cand)
         new = emit_chosen(choice.lowering, graph, cand, self.preference)
         _check_same_value(cand.output, new)
         cand.output.replace_all_uses_with(new)
@@ -158,7 +159,7 @@ class QLowerPass(CustomGraphPass):
             lowering=choice.lowering.name,
             reason=None,
             kind=choice.lowering.kind.name,
-            why=_why_chosen(choice, self.preference),
+            why=why,
             passed_over=choice.passed_over,
             **base,
         )
@@ -215,13 +216,14 @@ def _emitted_by_qlower(cand: QuantLinear | Rejection) -> bool:
     return any(n.meta.get("qlower") for n in (cand.output, *cand.nodes))
 
 
-def _why_chosen(choice: Choice, preference: KernelPreference) -> str:
+def _why_chosen(choice: Choice, preference: KernelPreference, record: QuantLinear) -> str:
     """The choice's own reason: the preference that chose it, its rank where lowerings ranked above it were
     passed over (`AUTO #3`; their reasons: `Decision.passed_over`, `Report.explain`), what the lowering is."""
     lowering = choice.lowering
     assert lowering is not None
     rank = f" #{len(choice.passed_over) + 1}" if choice.passed_over else ""
-    return f"{preference.name}{rank}: {lowering.doc or lowering.name}"
+    detail = f" [{lowering.detail(record)}]" if lowering.detail is not None else ""
+    return f"{preference.name}{rank}: {lowering.doc or lowering.name}{detail}"
 
 
 def _check_same_value(old: fx.Node, new: fx.Node) -> None:

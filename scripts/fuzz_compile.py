@@ -20,8 +20,9 @@ Writes `fuzz_<device>.json` (every case: parameters, chosen lowerings, errors, e
 
 Outcomes: `pass` (lowered, numbers right), `left_alone` (qlower left the linear to Inductor and said why,
 numbers right), `declined` (an explicit kernel preference refused with qlower's UnsupportedPlatformError);
-warnings: `misrecognized` (decided as another family under `inductor_options()`'s default of every family,
-numbers right), `imprecise` (within the GPU tests' relative bounds vs the reference, bf16 1e-2 say, but
+warnings: `misrecognized` (lowered as another family under `inductor_options()`'s default of every family,
+or no row of the case's family; numbers right: a left-alone row of another family is a true report of another
+product, e.g. a training backward's `grad @ dequantized weight`), `imprecise` (within the GPU tests' relative bounds vs the reference, bf16 1e-2 say, but
 outside their tighter eager-relative ones), `upstream` (wrong numbers, a crash or a matmul operand with a
 short leading dimension in a graph qlower left alone, which stock torch.compile reproduces without qlower);
 failures: `fail` (wrong numbers or gradients, NaN, wrong shape/dtype, preference not honoured, K % 32 != 0
@@ -1311,8 +1312,9 @@ def _run_case(case: Case) -> dict[str, Any]:
         rec["outcome"], rec["why"] = status, "; ".join(whys)
     elif not decisions:  # every case's model holds a quantized linear
         rec["outcome"], rec["why"] = "silent", "no report row for the model's quantized linear"
-    elif case.extra.get("variant") not in classes.VARIANTS and any(
-        d["family"] != case.family for d in decisions
+    elif case.extra.get("variant") not in classes.VARIANTS and (
+        any(d["family"] != case.family and d["lowering"] for d in decisions)
+        or all(d["family"] != case.family for d in decisions)
     ):
         rec["outcome"] = "misrecognized"  # a class's case: check_rows checks the family
         rec["why"] = f"decided as {sorted({d['family'] for d in decisions})}, not {case.family}"

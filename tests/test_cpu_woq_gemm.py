@@ -41,13 +41,22 @@ REL_TOL = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}
 
 
 PATHS = ("direct", "chunked")
+# The AMX path serves bf16 x with a [N, K] weight; forced for other operands it runs auto's choice.
+AMX = ("avx512_bf16", "amx")
 
 
-@pytest.fixture(params=[(i, p) for p in PATHS for i in ISAS], ids=lambda ip: f"{ip[0]}-{ip[1]}")
+def skip_without_amx() -> None:
+    if "amx_bf16" not in native.supported_isas():
+        pytest.skip(f"no AMX-BF16 tiles here (ISAs: {native.supported_isas()})")
+
+
+@pytest.fixture(params=[*[(i, p) for p in PATHS for i in ISAS], AMX], ids=lambda ip: f"{ip[0]}-{ip[1]}")
 def isa(request, monkeypatch):
     """Each ISA path of the kernel, forced, through each of its paths (direct: its own micro-kernel; chunked:
-    its conversion and epilogue around ATen's GEMM); skipped where this CPU lacks the ISA."""
+    its conversion and epilogue around ATen's GEMM; amx: AMX-BF16 tiles); skipped where this CPU lacks it."""
     name, path = request.param
+    if path == "amx":
+        skip_without_amx()
     if name not in native.supported_isas():
         pytest.skip(f"this CPU has only {native.supported_isas()}")
     monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, name)
@@ -194,6 +203,77 @@ def test_chunked_tails_match_float64(dtype, monkeypatch):
                 )
     finally:
         torch.set_num_threads(threads)
+
+
+# (M, K, N) for the AMX path: M below, at and past one and two 16-column tiles of X^T (the small-M path up to
+# 32, the strip path above it, 260 in nine column blocks), K short of, at and past one 32-element tile step and
+# one 256-element conversion block, N short of and past one 32-row block of weight rows.
+AMX_SHAPES = (
+    (1, 31, 1),
+    (15, 32, 33),
+    (16, 33, 31),
+    (17, 300, 70),
+    (32, 257, 32),
+    (33, 64, 33),
+    (100, 513, 65),
+    (260, 96, 40),
+)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_amx_blocks_match_float64(threads, monkeypatch):
+    """The AMX path's partial tiles, blocks and K steps (the shapes above), every form, against float64."""
+    skip_without_amx()
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "amx")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m, k, n in AMX_SHAPES:
+            x, w, s, b = _operands(m, k, n, BF16, seed=5)
+            for form in FORMS:
+                got = _call(x, w, s, b, form)
+                ref = _float64(x, w, s, b, form)
+                err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
+                assert err <= REL_TOL[BF16], f"amx (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_amx_special_values_follow_eager(monkeypatch):
+    """inf and NaN activations, and an x whose next row (read past K by a careless tile) holds inf: non-finite
+    exactly where eager's bf16 F.linear is, the finite rest within bf16 bounds."""
+    skip_without_amx()
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "amx")
+    x, w, s, b = _operands(40, 45, 36, BF16, seed=6)
+    x[3, 7] = float("inf")
+    x[20, 0] = float("nan")
+    w[5].zero_()  # inf * 0 = NaN in row 3, column 5, as in eager
+    wide = torch.full((40, 64), float("inf"), dtype=BF16)
+    wide[:, :45] = x  # rows of 64 elements: K = 45 leaves 19 infs after each row
+    got = _call(wide[:, :45], w, s, b, "output_scale_bias")
+    eager = F.linear(x.float(), w.float()).to(BF16) * s + b
+    assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
+    finite = torch.isfinite(eager)
+    torch.testing.assert_close(got[finite], eager[finite], atol=2e-2, rtol=2**-7)
+
+
+def test_kernel_plan_names_the_path_it_runs(monkeypatch):
+    """The report's tier comes from the kernel: a forced path shows in the plan, and each plan's path gives the
+    same numbers as the forced run."""
+    x, w, s, b = _operands(24, 64, 40, BF16, seed=7)
+    paths = ["direct", "chunked"] + (["amx"] if "amx_bf16" in native.supported_isas() else [])
+    for path in paths:
+        monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, path)
+        plan = native.woq_gemm_plan(24, BF16)
+        assert plan.startswith("amx_bf16" if path == "amx" else f"{path}-"), (path, plan)
+        assert native.woq_gemm_plan(24, FP16).startswith("direct-" if path != "chunked" else "chunked-")
+    monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_PATH_ENV)
+    auto = native.woq_gemm_plan(24, BF16)
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "amx" if auto == "amx_bf16" else auto.split("-")[0])
+    forced = _call(x, w, s, b, "output_scale_bias")
+    monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_PATH_ENV)
+    torch.testing.assert_close(_call(x, w, s, b, "output_scale_bias"), forced, atol=0, rtol=0)
 
 
 def test_forced_path_is_checked(monkeypatch):

@@ -206,6 +206,19 @@ def _defer_to_woq_gemm(rec: QuantLinear) -> str | None:
     return None
 
 
+# M at which the report names the kernel's path when M is symbolic (the kernel chooses per call).
+PLAN_SAMPLE_M = (1, 16, 256, 1024)
+
+
+def woq_gemm_tier(rec: QuantLinear) -> str:
+    """The kernel's path and ISA tier for this record, as the kernel itself decides (native.woq_gemm_plan):
+    one for a static M, else the path at each of PLAN_SAMPLE_M."""
+    nk = rec.weight_layout == "NK"
+    if is_static(rec.m):
+        return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk)
+    return "by M: " + ", ".join(f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk)}" for m in PLAN_SAMPLE_M)
+
+
 WOQ_INT8_GEMM_CPU = Lowering(
     name="qlower.woq_int8_gemm",
     family="woq_int8",
@@ -213,8 +226,9 @@ WOQ_INT8_GEMM_CPU = Lowering(
     supports=_supports_woq_gemm,
     emit=emit_woq_int8_gemm,
     prefer=woq_gemm_preferred,
-    doc="qlower's CPU GEMM converting int8 inside the kernel (its own AVX512-BF16/AVX512/AVX2/scalar micro-kernel, "
-    "or converted chunks multiplied by ATen's GEMM), scale and bias in its epilogue",
+    doc="qlower's CPU GEMM converting int8 inside the kernel (AMX-BF16 tiles, its own AVX512-BF16/AVX512/AVX2/"
+    "scalar micro-kernel, or converted chunks multiplied by ATen's GEMM), scale and bias in its epilogue",
+    detail=woq_gemm_tier,
 )
 
 

@@ -104,5 +104,13 @@ def compiler_available() -> bool:
 
 
 def supported_isas() -> tuple[str, ...]:
-    """The ISA paths of qlower::woq_int8_gemm this CPU can run ("scalar", "avx2", "avx512", "avx512_bf16")."""
+    """The ISA paths of qlower::woq_int8_gemm this CPU can run ("scalar", "avx2", "avx512", "avx512_bf16"), and
+    "amx_bf16" where its AMX path can run (the CPU has AMX-BF16 and the OS granted the tile state)."""
     return tuple(ops().woq_int8_gemm_isas().split(","))
+
+
+def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True) -> str:
+    """The path and ISA level qlower::woq_int8_gemm takes for M rows of `dtype` activations (nk: a [N, K]
+    weight) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the kernel's own decision
+    (`plan_call` in csrc/woq_gemm.cpp), honouring QLOWER_CPU_WOQ_GEMM_PATH and QLOWER_CPU_WOQ_ISA."""
+    return ops().woq_int8_gemm_plan(m, dtype, nk)

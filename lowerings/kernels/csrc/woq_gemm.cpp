@@ -70,6 +70,8 @@
 #define QLOWER_WOQ_X86 1
 #include <immintrin.h>
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace qlower::woq {
@@ -96,6 +98,15 @@ struct Problem {
   DType out_dt;
   int64_t M, N, K;
 };
+
+// A thread-local buffer of at least n elements.
+template <class T>
+T* grown(std::vector<T>& buf, size_t n) {
+  if (buf.size() < n) {
+    buf.resize(n);
+  }
+  return buf.data();
+}
 
 // A block of w: rows [n0, n0 + nb), K range [k0, k0 + kc).
 struct Block {
@@ -515,6 +526,243 @@ Kernels make_kernels() {
 }  // namespace qlower::woq::avx512_bf16
 #pragma GCC pop_options
 
+// ---- AMX-BF16 (Sapphire Rapids on): the swapped product C^T = W' X^T on tile registers.
+// Why swapped: the int8 weight's rows run along K, which is the A operand's layout of tdpbf16ps (16 rows x 32
+// bf16), so each weight row converts to bf16 in registers (exact for int8) and is stored as it is, with no
+// transpose; X^T is the B operand (VNNI: row r holds the pairs k = 2r, 2r+1 of 16 columns m), transposed once
+// per call (M x K elements, against N x K converted weight elements). Tiles: tmm0..3 C [16 n x 16 m] fp32,
+// tmm4-5 A (weight rows n0..n0+15, n0+16..n0+31), tmm6-7 B (X^T columns m0..m0+15, m0+16..m0+31).
+// Work: threads over blocks of 32 weight rows. M <= kSmallM: one block of M whose C stays in tiles over all of
+// K; the weight is converted kKc columns at a time into an L1 buffer. Larger M: the block's whole K strip is
+// converted once into an L2 buffer and read by every 32-column block of X^T. The result tiles are transposed
+// back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps treats bf16 denormal inputs as
+// zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on these CPUs).
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace qlower::woq::amx {
+using Isa = avx512::Isa;
+constexpr int64_t kTileK = 32;                 // bf16 elements of K in one tile row (64 bytes)
+constexpr int64_t kTileElems = 16 * kTileK;    // bf16 elements of one A or B tile
+constexpr int64_t kRows = 32;                  // weight rows per block (two A tiles)
+constexpr int64_t kCols = 32;                  // X^T columns per block (two B tiles)
+constexpr int64_t kKc = 256;                   // K per converted block at M <= kSmallM (32 x 256 bf16: 16 KiB)
+constexpr int64_t kSmallM = 32;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tile state is per thread: every thread that runs tiles loads the configuration first. The configuration
+// lives in a static object: GCC does not see ldtilecfg read its operand and drops stores to a local one.
+void load_config() {
+  static const TileConfig cfg = [] {
+    TileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.rows[t] = 16;
+      c.colsb[t] = 64;
+    }
+    return c;
+  }();
+  _tile_loadconfig(&cfg);
+}
+
+// r[i] <- column i of the 16 x 16 matrix of 32-bit elements whose rows are r[0..15].
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// X^T as B tiles: tile (mt, ks) at xb + (mt * ksteps + ks) * kTileElems; its row r holds x[16 mt + m][32 ks + 2r]
+// and x[16 mt + m][32 ks + 2r + 1] for m = 0..15 (zeros beyond M and K): per tile, a transpose of 16 x 16 pairs.
+void pack_x(const Problem& p, uint16_t* xb, int64_t mtiles, int64_t ksteps) {
+  const char* x = static_cast<const char*>(p.x);
+  at::parallel_for(0, mtiles * ksteps, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t mt = u / ksteps, k0 = (u % ksteps) * kTileK;
+      const int64_t kn = std::min(kTileK, p.K - k0);
+      const __mmask32 kmask = kn >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << kn) - 1);
+      __m512i r[16];
+      for (int m = 0; m < 16; ++m) {
+        const int64_t row = mt * 16 + m;
+        r[m] = row < p.M ? _mm512_maskz_loadu_epi16(kmask, x + (row * p.lda + k0) * 2) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint16_t* dst = xb + u * kTileElems;
+      for (int i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(dst + i * kTileK, r[i]);
+      }
+    }
+  });
+}
+
+// Weight rows [n0, n0 + kRows) x K range [k0, k0 + kc) -> bf16 rows of dst (row stride ldd elements); kc is a
+// multiple of kTileK; zeros beyond N and K. Exact int8 values, or round_bf16(fp32(w) * s[n]) where the graph
+// scales the weight (as avx512_bf16::pack_b). Prefetches the same rows' next kc bytes.
+void pack_w(const Problem& p, int64_t n0, int64_t k0, int64_t kc, uint16_t* dst, int64_t ldd) {
+  const int64_t kn = std::max<int64_t>(0, std::min(kc, p.K - k0));
+  const int64_t kv = kn / kTileK * kTileK;
+  for (int64_t j = 0; j < kRows; ++j) {
+    uint16_t* d = dst + j * ldd;
+    const int64_t n = n0 + j;
+    int64_t k = 0;
+    if (n < p.N) {
+      const int8_t* src = p.w + n * p.sn + k0;
+      for (int64_t off = kc; off < 2 * kc && k0 + off < p.K; off += 64) {
+        __builtin_prefetch(src + off, 0, 3);
+      }
+      if (!p.scale_on_weight) {
+        for (; k < kv; k += kTileK) {
+          _mm512_storeu_si512(d + k, (__m512i)avx512_bf16::bf16x32_of_i8(src + k));
+        }
+        for (; k < kn; ++k) {
+          d[k] = f_to_bf16(static_cast<float>(src[k]));
+        }
+      } else {
+        const float s = p.scale[n];
+        const Isa::V sv = Isa::set1(s);
+        for (; k + Isa::W <= kn; k += Isa::W) {
+          Isa::store_bf16(d + k, Isa::mul(Isa::load_i8(src + k), sv));
+        }
+        for (; k < kn; ++k) {
+          d[k] = f_to_bf16(static_cast<float>(src[k]) * s);
+        }
+      }
+    }
+    std::fill(d + k, d + kc, uint16_t{0});
+  }
+}
+
+inline void zero_c() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// C += A (rows a, a + 16 * lda; lda in elements) x B (tiles b, b + bstride) over `ksteps` K steps; B2: the
+// second B tile is used (more than 16 columns of X^T).
+template <bool B2>
+inline void accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t bstride, int64_t ksteps) {
+  const int64_t stride = lda * 2;
+  for (int64_t ks = 0; ks < ksteps; ++ks) {
+    _tile_loadd(4, a + ks * kTileK, stride);
+    _tile_loadd(5, a + 16 * lda + ks * kTileK, stride);
+    _tile_loadd(6, b + ks * kTileElems, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (B2) {
+      _tile_loadd(7, b + bstride + ks * kTileElems, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+}
+
+// The C tiles -> c [kCols m x kRows n] fp32 (the epilogue's row-major [m, n] layout).
+template <bool B2>
+inline void store_c(float* c) {
+  alignas(64) float t[4][16 * 16];
+  _tile_stored(0, t[0], 64);
+  _tile_stored(1, t[1], 64);
+  if constexpr (B2) {
+    _tile_stored(2, t[2], 64);
+    _tile_stored(3, t[3], 64);
+  }
+  for (int q = 0; q < (B2 ? 4 : 2); ++q) {  // tile q: n block q % 2, m block q / 2
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) {
+      r[i] = _mm512_load_si512(t[q] + i * 16);
+    }
+    transpose16(r);
+    float* dst = c + (q / 2) * 16 * kRows + (q % 2) * 16;
+    for (int i = 0; i < 16; ++i) {
+      _mm512_storeu_si512(dst + i * kRows, r[i]);
+    }
+  }
+}
+
+void run(const Problem& p, const Kernels& kk) {
+  const int64_t ksteps = (p.K + kTileK - 1) / kTileK, k32 = ksteps * kTileK;
+  const int64_t mtiles = (p.M + 15) / 16;
+  std::vector<uint16_t> xb(static_cast<size_t>(mtiles * ksteps * kTileElems));
+  pack_x(p, xb.data(), mtiles, ksteps);
+  const int64_t bstride = ksteps * kTileElems;  // from one 16-column tile of X^T to the next
+  const bool small = p.M <= kSmallM;
+  // The strip's row stride: a multiple of 4 KiB would put every row of a tile in the same L1 sets.
+  const int64_t ld_strip = k32 + ((k32 * 2) % 4096 == 0 ? 32 : 0);
+  const int64_t blocks = (p.N + kRows - 1) / kRows;
+  at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<uint16_t> a_buf;
+    thread_local std::vector<float> c_buf;
+    uint16_t* a = grown(a_buf, static_cast<size_t>(kRows * (small ? kKc : ld_strip)));
+    float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
+    load_config();
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t n0 = blk * kRows, nb = std::min(kRows, p.N - n0);
+      if (small) {
+        zero_c();
+        for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
+          const int64_t kc = std::min(kKc, k32 - k0);
+          pack_w(p, n0, k0, kc, a, kKc);
+          const uint16_t* b = xb.data() + (k0 / kTileK) * kTileElems;
+          if (p.M > 16) {
+            accumulate<true>(a, kKc, b, bstride, kc / kTileK);
+          } else {
+            accumulate<false>(a, kKc, b, bstride, kc / kTileK);
+          }
+        }
+        if (p.M > 16) {
+          store_c<true>(c);
+        } else {
+          store_c<false>(c);
+        }
+        kk.epilogue(p, c, kRows, 0, p.M, n0, nb);
+        continue;
+      }
+      pack_w(p, n0, 0, k32, a, ld_strip);
+      for (int64_t m0 = 0; m0 < p.M; m0 += kCols) {
+        const int64_t mb = std::min(kCols, p.M - m0);
+        const uint16_t* b = xb.data() + (m0 / 16) * bstride;
+        zero_c();
+        if (mb > 16) {
+          accumulate<true>(a, ld_strip, b, bstride, ksteps);
+          store_c<true>(c);
+        } else {
+          accumulate<false>(a, ld_strip, b, bstride, ksteps);
+          store_c<false>(c);
+        }
+        kk.epilogue(p, c, kRows, m0, mb, n0, nb);
+      }
+    }
+    _tile_release();
+  });
+}
+}  // namespace qlower::woq::amx
+#pragma GCC pop_options
+
 #endif  // QLOWER_WOQ_X86
 
 #undef QLOWER_WOQ_GEMM_BODY
@@ -549,6 +797,9 @@ bool cpu_has(Level level) {
 #endif
 }
 
+bool amx_usable();
+
+// The ISA levels this CPU runs, then "amx_bf16" where the AMX path can run (amx_usable).
 std::string supported_isas() {
   std::string names;
   for (int i = 0; i <= static_cast<int>(Level::Avx512Bf16); ++i) {
@@ -557,7 +808,7 @@ std::string supported_isas() {
       names += kLevelNames[i];
     }
   }
-  return names;
+  return amx_usable() ? names + ",amx_bf16" : names;
 }
 
 // The level this call runs at: QLOWER_CPU_WOQ_ISA if set (checked against the CPU), else the best one.
@@ -615,14 +866,6 @@ constexpr int64_t kKc = 1024;  // K block of the buffered path
 constexpr int64_t kNc = 64;    // N columns per work unit
 constexpr int64_t kMc = 256;   // M rows per work unit
 constexpr int64_t kDirectMaxM = 8;
-
-template <class T>
-T* grown(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) {
-    buf.resize(n);
-  }
-  return buf.data();
-}
 
 void run(const Problem& p, const Kernels& kk) {
   // M <= kDirectMaxM: the int8 rows converted in registers, one pass over all of K per MR rows (the unit's
@@ -749,8 +992,8 @@ void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& o
 
 // ---- the path of one call
 
-enum class Path : int { Auto = 0, Direct = 1, Chunked = 2 };
-constexpr const char* kPathNames[] = {"auto", "direct", "chunked"};
+enum class Path : int { Auto = 0, Direct = 1, Chunked = 2, Amx = 3 };
+constexpr const char* kPathNames[] = {"auto", "direct", "chunked", "amx"};
 
 // auto takes the chunked path from this M on, for bf16 x where oneDNN's bf16 GEMM runs on AMX. Measured on an
 // AMX Xeon (2 threads; BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"): at M = 128 / 1024
@@ -777,24 +1020,80 @@ bool amx_bf16_gemm() {
 #endif
 }
 
+// Whether this process may run AMX-BF16 tiles: CPUID 7.0 EDX has AMX-TILE (bit 24) and AMX-BF16 (bit 22), the
+// CPU has AVX512-BF16 (the weight conversion), and Linux grants the tile data state on request
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once per process, as oneDNN asks it).
+bool amx_usable() {
+#ifdef QLOWER_WOQ_X86
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0 || ((d >> 24) & 1u) == 0 || ((d >> 22) & 1u) == 0 ||
+        !cpu_has(Level::Avx512Bf16)) {
+      return false;
+    }
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// auto takes the AMX path for bf16 x with a [N, K] weight at the avx512_bf16 level for M in
+// [kAmxMinM, kAmxMaxM].
+constexpr int64_t kAmxMinM = 16;
+constexpr int64_t kAmxMaxM = 256;
+
 // QLOWER_CPU_WOQ_GEMM_PATH, read at each call like QLOWER_CPU_WOQ_ISA.
 Path chosen_path() {
   const char* forced = std::getenv("QLOWER_CPU_WOQ_GEMM_PATH");
   if (forced == nullptr || forced[0] == '\0') {
     return Path::Auto;
   }
-  for (int i = 0; i <= static_cast<int>(Path::Chunked); ++i) {
+  for (int i = 0; i <= static_cast<int>(Path::Amx); ++i) {
     if (std::strcmp(forced, kPathNames[i]) == 0) {
       return static_cast<Path>(i);
     }
   }
   TORCH_CHECK(false, "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_GEMM_PATH=", forced,
-              " is not one of auto, direct, chunked");
+              " is not one of auto, direct, chunked, amx");
 }
 
 bool isa_forced() {
   const char* forced = std::getenv("QLOWER_CPU_WOQ_ISA");
   return forced != nullptr && forced[0] != '\0';
+}
+
+// What one call runs: its path and the ISA level of the kernels it calls.
+struct Plan {
+  Path path;
+  Level level;
+};
+
+// The path of a call with M rows of `act` activations (nk: a [N, K] weight, contiguous along K): the forced
+// one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the operands it serves, else as auto), else auto's.
+Plan plan_call(int64_t M, DType act, bool nk) {
+  Level level = chosen_level();
+  if (level == Level::Avx512Bf16 && act != DType::BF16) {
+    level = Level::Avx512;  // vdpbf16ps serves bf16 activations only (kernels_for)
+  }
+  const Path path = chosen_path();
+  const bool native_bf16_gemm = level == Level::Avx512Bf16 && act == DType::BF16;
+  if (path == Path::Amx) {
+    TORCH_CHECK(amx_usable(), "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_GEMM_PATH=amx but this CPU or process "
+                "has no AMX-BF16 tiles (ISAs: ", supported_isas(), ")");
+  }
+  const bool amx_fits = native_bf16_gemm && nk && amx_usable();
+  if ((path == Path::Amx && amx_fits) || (path == Path::Auto && amx_fits && M >= kAmxMinM && M <= kAmxMaxM)) {
+    return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
+  }
+  const bool chunked_auto = native_bf16_gemm && M >= kChunkedMinM && amx_bf16_gemm();
+  if (path == Path::Chunked || (path != Path::Direct && chunked_auto)) {
+    return {Path::Chunked, level};
+  }
+  // The direct path at the avx512_bf16 level: the fp32-FMA kernels, unless the vdpbf16ps ones are forced.
+  return {Path::Direct, native_bf16_gemm && !isa_forced() ? Level::Avx512 : level};
 }
 
 DType dtype_of(at::ScalarType t, const char* what) {
@@ -808,6 +1107,16 @@ DType dtype_of(at::ScalarType t, const char* what) {
     default:
       TORCH_CHECK(false, "qlower::woq_int8_gemm: ", what, " must be float32, bfloat16 or float16, got ", t);
   }
+}
+
+// The path and ISA level a call of M rows of x's dtype takes on this CPU (nk: a [N, K] weight): "amx_bf16",
+// "chunked-avx512_bf16", "direct-avx2", ... (the report's kernel tier: the kernel decides, Python only asks).
+std::string plan_name(int64_t M, at::ScalarType x, bool nk) {
+  const Plan plan = plan_call(M, dtype_of(x, "x"), nk);
+  if (plan.path == Path::Amx) {
+    return "amx_bf16";
+  }
+  return std::string(kPathNames[static_cast<int>(plan.path)]) + "-" + kLevelNames[static_cast<int>(plan.level)];
 }
 
 at::Tensor channel_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what) {
@@ -862,16 +1171,19 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   p.M = M;
   p.N = N;
   p.K = K;
-  const Level level = chosen_level();
-  const Path path = chosen_path();
-  const bool native_bf16_gemm = level == Level::Avx512Bf16 && p.act == DType::BF16;
-  const bool chunked_auto = native_bf16_gemm && M >= kChunkedMinM && amx_bf16_gemm();
-  if (path == Path::Chunked || (path == Path::Auto && chunked_auto)) {
-    run_chunked(p, kernels_for(level, p.act), xc.options());
-    return out;
+  const Plan plan = plan_call(M, p.act, p.sk == 1);
+  switch (plan.path) {
+#ifdef QLOWER_WOQ_X86
+    case Path::Amx:
+      amx::run(p, kernels_for(plan.level, p.act));
+      break;
+#endif
+    case Path::Chunked:
+      run_chunked(p, kernels_for(plan.level, p.act), xc.options());
+      break;
+    default:
+      run(p, kernels_for(plan.level, p.act));
   }
-  // The direct path at the avx512_bf16 level: the fp32-FMA kernels, unless the vdpbf16ps ones are forced.
-  run(p, kernels_for(native_bf16_gemm && !isa_forced() ? Level::Avx512 : level, p.act));
   return out;
 }
 
@@ -889,6 +1201,7 @@ TORCH_LIBRARY(qlower_native, m) {
       "ScalarType out_dtype) -> Tensor",
       TORCH_FN(qlower::woq_int8_gemm));
   m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
+  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk) -> str", &qlower::woq::plan_name);
 }
 // qlower::woq_int8_gemm's CPU kernel in qlower's own process (its schema and first-call Python kernel:
 // lowerings/kernels/custom_ops.py): compiled graphs call it without a Python frame.
