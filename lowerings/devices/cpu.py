@@ -216,7 +216,9 @@ def woq_gemm_tier(rec: QuantLinear) -> str:
     nk = rec.weight_layout == "NK"
     if is_static(rec.m):
         return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk)
-    return "by M: " + ", ".join(f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk)}" for m in PLAN_SAMPLE_M)
+    return "by M: " + ", ".join(
+        f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk)}" for m in PLAN_SAMPLE_M
+    )
 
 
 WOQ_INT8_GEMM_CPU = Lowering(
