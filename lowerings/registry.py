@@ -40,6 +40,8 @@ class Lowering:
     `emits` names the aten ops ("aten::_scaled_mm_v2") the emitted graph leaves to Inductor as extern
     kernels: AOTInductor needs a C shim for each, and `python -m qlower shims` generates those the installed
     torch lacks (qlower's own ops are always shimmed).
+    `available()`, where given, is asked last, only of the lowering about to be chosen: None once what it needs
+    at run time exists (a library it builds at first use, say), else why not.
     `detail(record)`, where given, names what the kernel runs for this record (its path and ISA tier, say): the
     report's "why" of a chosen lowering adds it after `doc`.
     """
@@ -53,6 +55,7 @@ class Lowering:
     emits: tuple[str, ...] = ()
     prefer: SupportsFn | None = None
     detail: Callable[[QuantLinear], str] | None = None
+    available: Callable[[], str | None] | None = None
 
 
 def _no_description(device: torch.device) -> str:
@@ -224,6 +227,8 @@ def choose(record: QuantLinear, preference: KernelPreference) -> Choice:
         why = lowering.supports(record)
         if why is None and preference is KernelPreference.AUTO and lowering.prefer is not None:
             why = lowering.prefer(record)
+        if why is None and lowering.available is not None:
+            why = lowering.available()
         if why is None:
             return Choice(lowering, tuple(passed_over))
         passed_over.append((lowering.name, why))

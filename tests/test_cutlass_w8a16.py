@@ -66,6 +66,20 @@ def test_cutlass_declines_with_its_reason(built, kw, reason):
     assert reason in why, report.table()
 
 
+def test_library_is_built_only_for_a_choice_that_takes_it(monkeypatch):
+    """An M that AUTO leaves to Triton never starts the nvcc build (minutes on a first compile)."""
+    build.library.cache_clear()
+
+    def no_build():
+        raise AssertionError("the CUTLASS library was built for a record it does not serve")
+
+    monkeypatch.setattr(build, "library", no_build)
+    lo, _ = qlower.lowerings.devices.cuda_cutlass.CUTLASS_M_RANGE
+    for m in (1, lo - 1):
+        report = _decide(m=m)
+        assert report.entries[0].lowering != LOWERING, report.table()
+
+
 def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
     build.library.cache_clear()
     monkeypatch.setenv("QLOWER_NVCC", "/nonexistent/nvcc")

@@ -89,7 +89,12 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
         return why
     if scale_after_kernel(rec):
         return "fp16 x with a wider scale: the graph's product has fp32's range (the Triton lowering scales after)"
-    from qlower.lowerings.kernels.cutlass import build  # the toolchain and build, only for a candidate
+    return None
+
+
+def cutlass_library_built() -> str | None:
+    """The library, built at the first choice that takes the kernel (minutes of nvcc, then cached), else why not."""
+    from qlower.lowerings.kernels.cutlass import build
 
     lib = build.library()
     return lib if isinstance(lib, str) else None
@@ -118,6 +123,7 @@ WOQ_INT8_CUTLASS = Lowering(
     kind=KernelPreference.CUTLASS,
     supports=supports_woq_int8_cutlass,
     prefer=prefer_woq_int8_cutlass,
+    available=cutlass_library_built,
     emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
 )
