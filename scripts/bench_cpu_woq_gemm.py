@@ -1,16 +1,17 @@
 """CPU woq-int8 kernels side by side, eager, one linear: qlower::woq_int8_gemm on each of its paths (direct: its
-own micro-kernel; chunked: converted chunks multiplied by ATen's GEMM), `_weight_int8pack_mm` (oneDNN, M <= 16),
-dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized weights.
+own micro-kernel; chunked: converted chunks multiplied by ATen's GEMM; amx: AMX-BF16 tiles, where the CPU has
+them), `_weight_int8pack_mm` (oneDNN, M <= 16), dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized
+weights.
 
     python scripts/bench_cpu_woq_gemm.py [--threads 2] [--shapes 4096x4096,4096x14336] [--ms 1,4,16,128,1024]
-                                         [--paths direct,chunked]
+                                         [--paths auto,direct,chunked,amx] [--rounds 3]
     QLOWER_CPU_WOQ_ISA=avx512 python scripts/bench_cpu_woq_gemm.py      # one ISA path of woq_int8_gemm
 
-Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct or chunked), which the
+Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct, chunked, amx), which the
 kernel reads at each call. Minimum over timed calls, each taking the next of 3 weight sets (the weights are not
 cache-resident). Each cell is `ms (r×)`, r = bf16 F.linear's time / this one's (> 1: faster than bf16). What
-`WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM` in lowerings/kernels/csrc/woq_gemm.cpp are
-set from.
+`WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM`, `kAmxMinM`, `kAmxMaxM` in
+lowerings/kernels/csrc/woq_gemm.cpp are set from.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import qlower
+from qlower.lowerings.kernels import native
 
 qlower.load_ops()  # registers torch.ops.qlower.*
 
@@ -54,15 +56,20 @@ def woq_gemm_ms(x: torch.Tensor, sets: list, path: str, reps: int) -> float:
             os.environ[PATH_ENV] = before
 
 
-def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str]) -> list[str]:
-    """The table cells of one M: each time, and bf16 F.linear's time over it."""
+def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str], rounds: int) -> list[str]:
+    """The table cells of one M: each time, and bf16 F.linear's time over it; each the minimum over `rounds`
+    interleaved rounds (a shared machine's noise hits every column alike)."""
     m = x.shape[0]
     reps = 20 if m <= 16 else 5 if m <= 128 else 2
-    bf = best_ms(lambda i: F.linear(x, dense[i % 3]), reps)
-    times = [woq_gemm_ms(x, sets, path, reps) for path in paths]
-    times.append(best_ms(lambda i: torch._weight_int8pack_mm(x, *sets[i % 3]), reps) if m <= 16 else None)
-    times.append(best_ms(lambda i: F.linear(x, sets[i % 3][0].to(BF16)) * sets[i % 3][1], reps))
-    cells = ["—" if t is None else f"{t:.3f} ms ({bf / t:.2f}×)" for t in times]
+    best: list[float | None] = [float("inf")] * (len(paths) + 3)
+    for _ in range(rounds):
+        times: list[float | None] = [best_ms(lambda i: F.linear(x, dense[i % 3]), reps)]
+        times += [woq_gemm_ms(x, sets, path, reps) for path in paths]
+        times.append(best_ms(lambda i: torch._weight_int8pack_mm(x, *sets[i % 3]), reps) if m <= 16 else None)
+        times.append(best_ms(lambda i: F.linear(x, sets[i % 3][0].to(BF16)) * sets[i % 3][1], reps))
+        best = [None if t is None else min(b, t) for b, t in zip(best, times, strict=True)]
+    bf, *rest = best
+    cells = ["—" if t is None else f"{t:.3f} ms ({bf / t:.2f}×)" for t in rest]
     return cells + [f"{bf:.3f} ms"]
 
 
@@ -71,11 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--shapes", default="4096x4096,4096x14336")
     p.add_argument("--ms", default="1,4,16,128,1024")
-    p.add_argument("--paths", default="direct,chunked", help="woq_int8_gemm paths, one column each")
+    p.add_argument("--paths", default="auto,direct,chunked,amx", help="woq_int8_gemm paths, one column each")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (the minimum is kept)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     paths = args.paths.split(",")
+    if "amx" in paths and "amx_bf16" not in native.supported_isas():
+        paths.remove("amx")  # the kernel refuses a forced amx path without AMX tiles
     isa = os.environ.get("QLOWER_CPU_WOQ_ISA", "best")
     print(
         f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         dense = [torch.randn(n, k, dtype=BF16) / k**0.5 for _ in range(3)]
         for m in (int(v) for v in args.ms.split(",")):
-            cells = measure(torch.randn(m, k, dtype=BF16), sets, dense, paths)
+            cells = measure(torch.randn(m, k, dtype=BF16), sets, dense, paths, args.rounds)
             print(f"| {m} | {k}→{n} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -10,8 +10,8 @@
 // as F.linear's own FMAs do. The AVX512-BF16 path (vdpbf16ps) treats bf16 denormals as zero, like oneDNN's bf16
 // GEMM on the same instruction; the chunked path below runs F.linear's own GEMM on the converted weight.
 //
-// Two paths, chosen per call (`QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked`, read at each call; auto when
-// unset):
+// Three paths, chosen per call (`QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx`, read at each call; auto
+// when unset):
 // - direct: qlower's own micro-kernel (a dot-product formulation: both operands are contiguous along K, so
 //   neither is transposed):
 //   - threads over blocks of N columns (and of M rows for large M), each block [mb x nb] summed over K
@@ -25,15 +25,19 @@
 // - chunked: threads over chunks of N columns (and blocks of at most 1024 M rows, smaller where there are
 //   fewer chunks than threads); each thread converts its chunk's int8 rows w[n0 : n0 + nc, :] (all of K)
 //   into a thread-local buffer of x's dtype (exact for int8; w' above where the graph scales the weight)
-//   sized for L2 (512 KiB, 1 MiB from M = 256 on, so x is re-read fewer times; 16 rows at least), multiplies
+//   sized for L2 (512 KiB; 8 MiB from M = 256 on, wide enough for oneDNN's GEMM; 16 rows at least), multiplies
 //   it with ATen's own GEMM (`at::mm_out`, as F.linear does: oneDNN's bf16 GEMM, AMX / AVX512-BF16 where the
 //   CPU has them; one thread inside the parallel region) into a thread-local [mb, nc] buffer of x's dtype
 //   (the matmul's rounding), and finishes it with the same epilogue. Correct on every CPU; fast where ATen's
 //   GEMM is (the direct micro-kernel was 0.16-0.43x of bf16 F.linear at M >= 16 on a Xeon with AMX:
 //   BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm").
-// auto: chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16 GEMM runs
-// on AMX (amx_bf16_gemm), else direct; at that level the direct path of bf16 x runs the avx512 fp32-FMA
-// kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16 forces them.
+// - amx: AMX-BF16 tiles (the `amx` namespace below says how) for bf16 x with a [N, K] weight, where the CPU
+//   has AMX and the OS grants the tile state (amx_usable).
+// auto (plan_call, which `woq_int8_gemm_plan` reports): amx for bf16 x from M = kAmxMinM to kAmxMaxM where the
+// tiles are usable; chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16
+// GEMM runs on AMX (amx_bf16_gemm); else direct; at that level the direct path of bf16 x runs the avx512
+// fp32-FMA kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16
+// forces them.
 // Timings against the other CPU lowerings: lowerings/devices/cpu.py (WOQ_GEMM_MAX_M).
 // ISA: AVX512-BF16 vdpbf16ps for bf16 x, else AVX512 or AVX2 fp32 FMA, else a scalar loop; chosen at run time
 // (`__builtin_cpu_supports`), each compiled under `#pragma GCC target` so one library serves every x86-64 CPU.
@@ -547,6 +551,7 @@ constexpr int64_t kRows = 32;                  // weight rows per block (two A t
 constexpr int64_t kCols = 32;                  // X^T columns per block (two B tiles)
 constexpr int64_t kKc = 256;                   // K per converted block at M <= kSmallM (32 x 256 bf16: 16 KiB)
 constexpr int64_t kSmallM = 32;
+constexpr int64_t kMChunk = 128;               // X^T columns per chunk at M > kSmallM (K = 4096: 1 MiB)
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -681,20 +686,38 @@ inline void accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_
   }
 }
 
-// The C tiles -> c [kCols m x kRows n] fp32 (the epilogue's row-major [m, n] layout).
+// C tiles as they are: four [16 n x 16 m] fp32 tiles of 1 KiB (tile q: weight rows 16 (q % 2), X^T columns
+// 16 (q / 2)), the accumulator of one block pair between K blocks.
+constexpr int64_t kCTile = 16 * 16;
+
 template <bool B2>
-inline void store_c(float* c) {
-  alignas(64) float t[4][16 * 16];
-  _tile_stored(0, t[0], 64);
-  _tile_stored(1, t[1], 64);
+inline void save_c(float* t) {
+  _tile_stored(0, t, 64);
+  _tile_stored(1, t + kCTile, 64);
   if constexpr (B2) {
-    _tile_stored(2, t[2], 64);
-    _tile_stored(3, t[3], 64);
+    _tile_stored(2, t + 2 * kCTile, 64);
+    _tile_stored(3, t + 3 * kCTile, 64);
   }
-  for (int q = 0; q < (B2 ? 4 : 2); ++q) {  // tile q: n block q % 2, m block q / 2
+}
+
+template <bool B2>
+inline void restore_c(const float* t) {
+  _tile_loadd(0, t, 64);
+  _tile_loadd(1, t + kCTile, 64);
+  if constexpr (B2) {
+    _tile_loadd(2, t + 2 * kCTile, 64);
+    _tile_loadd(3, t + 3 * kCTile, 64);
+  }
+}
+
+// Saved C tiles -> c [kCols m x kRows n] fp32 (the epilogue's row-major [m, n] layout), then the epilogue
+// into out[m0 : m0 + mb, n0 : n0 + nb].
+inline void finish_block(const Problem& p, const Kernels& kk, const float* t, float* c, int64_t m0, int64_t mb,
+                         int64_t n0, int64_t nb) {
+  for (int q = 0; q < (mb > 16 ? 4 : 2); ++q) {
     __m512i r[16];
     for (int i = 0; i < 16; ++i) {
-      r[i] = _mm512_load_si512(t[q] + i * 16);
+      r[i] = _mm512_loadu_si512(t + q * kCTile + i * 16);
     }
     transpose16(r);
     float* dst = c + (q / 2) * 16 * kRows + (q % 2) * 16;
@@ -702,60 +725,116 @@ inline void store_c(float* c) {
       _mm512_storeu_si512(dst + i * kRows, r[i]);
     }
   }
+  kk.epilogue(p, c, kRows, m0, mb, n0, nb);
+}
+
+// X^T as B tiles, packed once per call.
+struct PackedX {
+  std::vector<uint16_t> tiles;
+  int64_t ksteps;   // K steps of kTileK
+  int64_t bstride;  // elements from one 16-column tile of X^T to the next
+  const uint16_t* at(int64_t m0, int64_t k0) const {
+    return tiles.data() + (m0 / 16) * bstride + (k0 / kTileK) * kTileElems;
+  }
+};
+
+// accumulate for an X^T block of mb columns.
+inline void accumulate_any(int64_t mb, const uint16_t* a, int64_t lda, const PackedX& x, const uint16_t* b,
+                           int64_t ksteps) {
+  if (mb > 16) {
+    accumulate<true>(a, lda, b, x.bstride, ksteps);
+  } else {
+    accumulate<false>(a, lda, b, x.bstride, ksteps);
+  }
+}
+
+// Thread-local buffers: converted weight rows, saved C tiles, the epilogue's [m, n] block.
+struct Scratch {
+  uint16_t* a;
+  float* tiles;
+  float* c;
+};
+
+Scratch scratch(int64_t c_blocks) {
+  thread_local std::vector<uint16_t> a_buf;
+  thread_local std::vector<float> t_buf, c_buf;
+  return {grown(a_buf, static_cast<size_t>(kRows * kKc)), grown(t_buf, static_cast<size_t>(c_blocks * 4 * kCTile)),
+          grown(c_buf, static_cast<size_t>(kCols * kRows))};
+}
+
+// M <= kSmallM: one X^T block; its C stays in tiles over all of K, the weight converted kKc columns at a time.
+void small_m(const Problem& p, const Kernels& kk, const PackedX& x, int64_t lo, int64_t hi) {
+  const Scratch s = scratch(1);
+  const int64_t k32 = x.ksteps * kTileK;
+  for (int64_t blk = lo; blk < hi; ++blk) {
+    const int64_t n0 = blk * kRows;
+    zero_c();
+    for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
+      const int64_t kc = std::min(kKc, k32 - k0);
+      pack_w(p, n0, k0, kc, s.a, kKc);
+      accumulate_any(p.M, s.a, kKc, x, x.at(0, k0), kc / kTileK);
+    }
+    if (p.M > 16) {
+      save_c<true>(s.tiles);
+    } else {
+      save_c<false>(s.tiles);
+    }
+    finish_block(p, kk, s.tiles, s.c, 0, p.M, n0, std::min(kRows, p.N - n0));
+  }
+}
+
+// Larger M: chunks of kMChunk columns of X^T (in L2 while the thread's weight blocks pass by); each weight
+// block is converted kKc columns of K at a time into an L1 buffer that every X^T block of the chunk reads,
+// their C tiles saved and restored between K blocks.
+void large_m(const Problem& p, const Kernels& kk, const PackedX& x, int64_t lo, int64_t hi) {
+  const Scratch s = scratch(kMChunk / kCols);
+  const int64_t k32 = x.ksteps * kTileK;
+  for (int64_t mc0 = 0; mc0 < p.M; mc0 += kMChunk) {
+    const int64_t mc1 = std::min(p.M, mc0 + kMChunk);
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t n0 = blk * kRows;
+      for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
+        const int64_t kc = std::min(kKc, k32 - k0);
+        pack_w(p, n0, k0, kc, s.a, kKc);
+        for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
+          const int64_t mb = std::min(kCols, mc1 - m0);
+          float* t = s.tiles + (m0 - mc0) / kCols * 4 * kCTile;
+          if (k0 == 0) {
+            zero_c();
+          } else if (mb > 16) {
+            restore_c<true>(t);
+          } else {
+            restore_c<false>(t);
+          }
+          accumulate_any(mb, s.a, kKc, x, x.at(m0, k0), kc / kTileK);
+          if (mb > 16) {
+            save_c<true>(t);
+          } else {
+            save_c<false>(t);
+          }
+        }
+      }
+      for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
+        finish_block(p, kk, s.tiles + (m0 - mc0) / kCols * 4 * kCTile, s.c, m0, std::min(kCols, mc1 - m0), n0,
+                     std::min(kRows, p.N - n0));
+      }
+    }
+  }
 }
 
 void run(const Problem& p, const Kernels& kk) {
-  const int64_t ksteps = (p.K + kTileK - 1) / kTileK, k32 = ksteps * kTileK;
+  PackedX x;
+  x.ksteps = (p.K + kTileK - 1) / kTileK;
+  x.bstride = x.ksteps * kTileElems;
   const int64_t mtiles = (p.M + 15) / 16;
-  std::vector<uint16_t> xb(static_cast<size_t>(mtiles * ksteps * kTileElems));
-  pack_x(p, xb.data(), mtiles, ksteps);
-  const int64_t bstride = ksteps * kTileElems;  // from one 16-column tile of X^T to the next
-  const bool small = p.M <= kSmallM;
-  // The strip's row stride: a multiple of 4 KiB would put every row of a tile in the same L1 sets.
-  const int64_t ld_strip = k32 + ((k32 * 2) % 4096 == 0 ? 32 : 0);
-  const int64_t blocks = (p.N + kRows - 1) / kRows;
-  at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<uint16_t> a_buf;
-    thread_local std::vector<float> c_buf;
-    uint16_t* a = grown(a_buf, static_cast<size_t>(kRows * (small ? kKc : ld_strip)));
-    float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
+  x.tiles.resize(static_cast<size_t>(mtiles * x.bstride));
+  pack_x(p, x.tiles.data(), mtiles, x.ksteps);
+  at::parallel_for(0, (p.N + kRows - 1) / kRows, 1, [&](int64_t lo, int64_t hi) {
     load_config();
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t n0 = blk * kRows, nb = std::min(kRows, p.N - n0);
-      if (small) {
-        zero_c();
-        for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
-          const int64_t kc = std::min(kKc, k32 - k0);
-          pack_w(p, n0, k0, kc, a, kKc);
-          const uint16_t* b = xb.data() + (k0 / kTileK) * kTileElems;
-          if (p.M > 16) {
-            accumulate<true>(a, kKc, b, bstride, kc / kTileK);
-          } else {
-            accumulate<false>(a, kKc, b, bstride, kc / kTileK);
-          }
-        }
-        if (p.M > 16) {
-          store_c<true>(c);
-        } else {
-          store_c<false>(c);
-        }
-        kk.epilogue(p, c, kRows, 0, p.M, n0, nb);
-        continue;
-      }
-      pack_w(p, n0, 0, k32, a, ld_strip);
-      for (int64_t m0 = 0; m0 < p.M; m0 += kCols) {
-        const int64_t mb = std::min(kCols, p.M - m0);
-        const uint16_t* b = xb.data() + (m0 / 16) * bstride;
-        zero_c();
-        if (mb > 16) {
-          accumulate<true>(a, ld_strip, b, bstride, ksteps);
-          store_c<true>(c);
-        } else {
-          accumulate<false>(a, ld_strip, b, bstride, ksteps);
-          store_c<false>(c);
-        }
-        kk.epilogue(p, c, kRows, m0, mb, n0, nb);
-      }
+    if (p.M <= kSmallM) {
+      small_m(p, kk, x, lo, hi);
+    } else {
+      large_m(p, kk, x, lo, hi);
     }
     _tile_release();
   });
@@ -940,7 +1019,9 @@ void run(const Problem& p, const Kernels& kk) {
 // ---- the chunked driver: qlower converts, ATen's GEMM multiplies
 
 constexpr int64_t kChunkBytes = 512 << 10;     // converted rows of one chunk, in L2 while x's rows stream by
-constexpr int64_t kChunkBytesLargeM = 1 << 20;  // from M = kChunkLargeM: wider chunks, x re-read fewer times
+// From M = kChunkLargeM: wide chunks (8 MiB: 128 rows at K = 14336), which oneDNN's GEMM runs at its full rate
+// (1 MiB chunks of 32 rows ran 14336->4096 at M = 512 at 0.5-0.6x of bf16, 8 MiB at 0.8x), x re-read fewer times.
+constexpr int64_t kChunkBytesLargeM = 8 << 20;
 constexpr int64_t kChunkLargeM = 256;
 constexpr int64_t kChunkMinRows = 64;    // the fewest M rows of a block when M is split among threads
 constexpr int64_t kChunkMaxRows = 1024;  // the most: bounds the [mb, nc] result buffer
@@ -1041,8 +1122,10 @@ bool amx_usable() {
 }
 
 // auto takes the AMX path for bf16 x with a [N, K] weight at the avx512_bf16 level for M in
-// [kAmxMinM, kAmxMaxM].
-constexpr int64_t kAmxMinM = 16;
+// [kAmxMinM, kAmxMaxM]: measured faster than the direct path from M = 8 and than the chunked one up to
+// M = 256 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"); above, converting each weight block once per
+// 128 columns of X^T costs more than oneDNN's GEMM on wide converted chunks.
+constexpr int64_t kAmxMinM = 8;
 constexpr int64_t kAmxMaxM = 256;
 
 // QLOWER_CPU_WOQ_GEMM_PATH, read at each call like QLOWER_CPU_WOQ_ISA.
