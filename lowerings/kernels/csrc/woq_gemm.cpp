@@ -530,28 +530,35 @@ Kernels make_kernels() {
 }  // namespace qlower::woq::avx512_bf16
 #pragma GCC pop_options
 
-// ---- AMX-BF16 (Sapphire Rapids on): the swapped product C^T = W' X^T on tile registers.
-// Why swapped: the int8 weight's rows run along K, which is the A operand's layout of tdpbf16ps (16 rows x 32
-// bf16), so each weight row converts to bf16 in registers (exact for int8) and is stored as it is, with no
-// transpose; X^T is the B operand (VNNI: row r holds the pairs k = 2r, 2r+1 of 16 columns m), transposed once
-// per call (M x K elements, against N x K converted weight elements). Tiles: tmm0..3 C [16 n x 16 m] fp32,
-// tmm4-5 A (weight rows n0..n0+15, n0+16..n0+31), tmm6-7 B (X^T columns m0..m0+15, m0+16..m0+31).
-// Work: threads over blocks of 32 weight rows. M <= kSmallM: one block of M whose C stays in tiles over all of
-// K; the weight is converted kKc columns at a time into an L1 buffer. Larger M: the block's whole K strip is
-// converted once into an L2 buffer and read by every 32-column block of X^T. The result tiles are transposed
-// back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps treats bf16 denormal inputs as
-// zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on these CPUs).
+// ---- AMX-BF16 (Sapphire Rapids on): the swapped product C^T = W' X^T on tile registers, for bf16 x.
+// Why swapped: the weight's rows run along K, which is the A operand's layout (16 rows of 64 bytes of K), so
+// each int8 weight row converts to bf16 in registers (exact) and is stored as it is, with no transpose; X^T is
+// the B operand (VNNI: row r holds, for 16 columns m, the bf16 pair at K = 2r, 2r + 1), transposed once per
+// call (M x K elements, against N x K converted weight elements). A tile step covers 64 bytes (32 bf16) of K.
+// Tiles: tmm0..3 C [16 n x 16 m] fp32, tmm4-5 A (weight rows n0..n0+15, n0+16..n0+31), tmm6-7 B (X^T columns
+// m0..m0+15, m0+16..m0+31).
+// Work: M <= kSmallM: threads over blocks of 32 weight rows, one block of M whose C stays in tiles over all of
+// K; the weight is converted kKcSteps steps at a time into an L1 buffer. Larger M: threads over panels of up
+// to kPanelBlocks weight blocks, each converted once per call, an L2-sized K range at a time (large_m). The
+// result tiles are transposed back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps
+// treats bf16 denormal inputs as zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on
+// these CPUs). The same tiles on AMX-INT8 (tdpbssd on the weight's own bytes) for dynamic int8 measured at
+// parity with oneDNN's `_int_mm` (0.8-1.18x at M = 1..64, 2 threads; 0.6-1.0x at M = 128..1024), so that op is
+// not built: BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm".
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 namespace qlower::woq::amx {
 using Isa = avx512::Isa;
-constexpr int64_t kTileK = 32;                 // bf16 elements of K in one tile row (64 bytes)
-constexpr int64_t kTileElems = 16 * kTileK;    // bf16 elements of one A or B tile
+constexpr int64_t kStepBytes = 64;             // K bytes of one tile row
+constexpr int64_t kTileBytes = 16 * kStepBytes;
 constexpr int64_t kRows = 32;                  // weight rows per block (two A tiles)
 constexpr int64_t kCols = 32;                  // X^T columns per block (two B tiles)
-constexpr int64_t kKc = 256;                   // K per converted block at M <= kSmallM (32 x 256 bf16: 16 KiB)
+constexpr int64_t kKcSteps = 8;                // K steps per packed block (32 rows x 512 bytes: 16 KiB)
+constexpr int64_t kKcBytes = kKcSteps * kStepBytes;
 constexpr int64_t kSmallM = 32;
-constexpr int64_t kMChunk = 128;               // X^T columns per chunk at M > kSmallM (K = 4096: 1 MiB)
+constexpr int64_t kPanelBlocks = 8;            // weight blocks per panel at M > kSmallM (256 rows)
+constexpr int64_t kPanelBytes = 1 << 20;       // a panel's packed K range (in L2)
+constexpr int64_t kCTile = 16 * 16;            // elements of one C tile
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -600,65 +607,99 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-// X^T as B tiles: tile (mt, ks) at xb + (mt * ksteps + ks) * kTileElems; its row r holds x[16 mt + m][32 ks + 2r]
-// and x[16 mt + m][32 ks + 2r + 1] for m = 0..15 (zeros beyond M and K): per tile, a transpose of 16 x 16 pairs.
-void pack_x(const Problem& p, uint16_t* xb, int64_t mtiles, int64_t ksteps) {
-  const char* x = static_cast<const char*>(p.x);
-  at::parallel_for(0, mtiles * ksteps, 64, [&](int64_t lo, int64_t hi) {
+// X^T as B tiles, packed once per call: tile (mt, ks) at (mt * ksteps + ks) * kTileBytes; its row r holds the
+// 4 bytes at K byte 64 ks + 4r of x's rows 16 mt + m, m = 0..15 (zeros beyond M and K): per tile, a transpose
+// of 16 x 16 four-byte groups.
+struct PackedX {
+  std::vector<uint8_t> tiles;
+  int64_t ksteps;   // tile steps over K
+  int64_t bstride;  // bytes from one 16-column tile of X^T to the next
+  const uint8_t* at(int64_t m0, int64_t step) const {
+    return tiles.data() + (m0 / 16) * bstride + step * kTileBytes;
+  }
+};
+
+// x: M rows of K elements of `es` bytes, row stride lda elements.
+PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K, int64_t es) {
+  PackedX px;
+  const int64_t kbytes = K * es;
+  px.ksteps = (kbytes + kStepBytes - 1) / kStepBytes;
+  px.bstride = px.ksteps * kTileBytes;
+  const int64_t mtiles = (M + 15) / 16;
+  px.tiles.resize(static_cast<size_t>(mtiles * px.bstride));
+  const char* x = static_cast<const char*>(xp);
+  at::parallel_for(0, mtiles * px.ksteps, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t u = lo; u < hi; ++u) {
-      const int64_t mt = u / ksteps, k0 = (u % ksteps) * kTileK;
-      const int64_t kn = std::min(kTileK, p.K - k0);
-      const __mmask32 kmask = kn >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << kn) - 1);
+      const int64_t mt = u / px.ksteps, k0 = (u % px.ksteps) * kStepBytes;
+      const int64_t kn = std::min(kStepBytes, kbytes - k0);
+      const __mmask64 kmask = kn >= 64 ? ~__mmask64{0} : (__mmask64{1} << kn) - 1;
       __m512i r[16];
       for (int m = 0; m < 16; ++m) {
         const int64_t row = mt * 16 + m;
-        r[m] = row < p.M ? _mm512_maskz_loadu_epi16(kmask, x + (row * p.lda + k0) * 2) : _mm512_setzero_si512();
+        r[m] = row < M ? _mm512_maskz_loadu_epi8(kmask, x + row * lda * es + k0) : _mm512_setzero_si512();
       }
       transpose16(r);
-      uint16_t* dst = xb + u * kTileElems;
+      uint8_t* dst = px.tiles.data() + u * kTileBytes;
       for (int i = 0; i < 16; ++i) {
-        _mm512_storeu_si512(dst + i * kTileK, r[i]);
+        _mm512_storeu_si512(dst + i * kStepBytes, r[i]);
       }
     }
   });
+  return px;
 }
 
-// Weight rows [n0, n0 + kRows) x K range [k0, k0 + kc) -> bf16 rows of dst (row stride ldd elements); kc is a
-// multiple of kTileK; zeros beyond N and K. Exact int8 values, or round_bf16(fp32(w) * s[n]) where the graph
-// scales the weight (as avx512_bf16::pack_b). Prefetches the same rows' next kc bytes.
-void pack_w(const Problem& p, int64_t n0, int64_t k0, int64_t kc, uint16_t* dst, int64_t ldd) {
-  const int64_t kn = std::max<int64_t>(0, std::min(kc, p.K - k0));
-  const int64_t kv = kn / kTileK * kTileK;
-  for (int64_t j = 0; j < kRows; ++j) {
-    uint16_t* d = dst + j * ldd;
-    const int64_t n = n0 + j;
-    int64_t k = 0;
-    if (n < p.N) {
-      const int8_t* src = p.w + n * p.sn + k0;
-      for (int64_t off = kc; off < 2 * kc && k0 + off < p.K; off += 64) {
-        __builtin_prefetch(src + off, 0, 3);
-      }
-      if (!p.scale_on_weight) {
-        for (; k < kv; k += kTileK) {
-          _mm512_storeu_si512(d + k, (__m512i)avx512_bf16::bf16x32_of_i8(src + k));
-        }
-        for (; k < kn; ++k) {
-          d[k] = f_to_bf16(static_cast<float>(src[k]));
-        }
-      } else {
-        const float s = p.scale[n];
-        const Isa::V sv = Isa::set1(s);
-        for (; k + Isa::W <= kn; k += Isa::W) {
-          Isa::store_bf16(d + k, Isa::mul(Isa::load_i8(src + k), sv));
-        }
-        for (; k < kn; ++k) {
-          d[k] = f_to_bf16(static_cast<float>(src[k]) * s);
-        }
-      }
-    }
-    std::fill(d + k, d + kc, uint16_t{0});
+// Prefetches the `bytes` after `row`'s packed range (the next block's), up to `end`.
+inline void prefetch_next(const int8_t* row, int64_t bytes, int64_t room) {
+  for (int64_t off = bytes; off < 2 * bytes && off < room; off += 64) {
+    __builtin_prefetch(row + off, 0, 3);
   }
 }
+
+// bf16 x (woq_int8_gemm): weight rows [n0, n0 + kRows) x K steps [s0, s0 + steps) -> bf16 rows of dst (row
+// stride ld bytes); zeros beyond N and K. Exact int8 values, or round_bf16(fp32(w) * s[n]) where the graph
+// scales the weight (as avx512_bf16::pack_b).
+struct Bf16Product {
+  const Problem& p;
+  const Kernels& kk;
+  int64_t M, N;
+
+  void pack(int64_t n0, int64_t s0, int64_t steps, uint8_t* dst, int64_t ld) const {
+    constexpr int64_t kElems = kStepBytes / 2;
+    const int64_t k0 = s0 * kElems, kc = steps * kElems;
+    const int64_t kn = std::max<int64_t>(0, std::min(kc, p.K - k0));
+    const int64_t kv = kn / kElems * kElems;
+    for (int64_t j = 0; j < kRows; ++j) {
+      uint16_t* d = reinterpret_cast<uint16_t*>(dst + j * ld);
+      const int64_t n = n0 + j;
+      int64_t k = 0;
+      if (n < p.N) {
+        const int8_t* src = p.w + n * p.sn + k0;
+        prefetch_next(src, kc, p.K - k0);
+        if (!p.scale_on_weight) {
+          for (; k < kv; k += kElems) {
+            _mm512_storeu_si512(d + k, (__m512i)avx512_bf16::bf16x32_of_i8(src + k));
+          }
+          for (; k < kn; ++k) {
+            d[k] = f_to_bf16(static_cast<float>(src[k]));
+          }
+        } else {
+          const float s = p.scale[n];
+          const Isa::V sv = Isa::set1(s);
+          for (; k + Isa::W <= kn; k += Isa::W) {
+            Isa::store_bf16(d + k, Isa::mul(Isa::load_i8(src + k), sv));
+          }
+          for (; k < kn; ++k) {
+            d[k] = f_to_bf16(static_cast<float>(src[k]) * s);
+          }
+        }
+      }
+      std::fill(d + k, d + kc, uint16_t{0});
+    }
+  }
+
+  // Saved fp32 C tiles -> [kCols m x kRows n] -> the epilogue into out[m0 : m0 + mb, n0 : n0 + nb].
+  void finish(const void* tiles, float* c, int64_t m0, int64_t mb, int64_t n0, int64_t nb) const;
+};
 
 inline void zero_c() {
   _tile_zero(0);
@@ -667,178 +708,173 @@ inline void zero_c() {
   _tile_zero(3);
 }
 
-// C += A (rows a, a + 16 * lda; lda in elements) x B (tiles b, b + bstride) over `ksteps` K steps; B2: the
-// second B tile is used (more than 16 columns of X^T).
+// C += A (rows a, a + 16 lda; lda in bytes) x B (tiles b, b + bstride) over `steps` K steps; B2: the second B
+// tile is used (more than 16 columns of X^T).
 template <bool B2>
-inline void accumulate(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t bstride, int64_t ksteps) {
-  const int64_t stride = lda * 2;
-  for (int64_t ks = 0; ks < ksteps; ++ks) {
-    _tile_loadd(4, a + ks * kTileK, stride);
-    _tile_loadd(5, a + 16 * lda + ks * kTileK, stride);
-    _tile_loadd(6, b + ks * kTileElems, 64);
+inline void accumulate(const uint8_t* a, int64_t lda, const uint8_t* b, int64_t bstride, int64_t steps) {
+  for (int64_t ks = 0; ks < steps; ++ks) {
+    _tile_loadd(4, a + ks * kStepBytes, lda);
+    _tile_loadd(5, a + 16 * lda + ks * kStepBytes, lda);
+    _tile_loadd(6, b + ks * kTileBytes, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 5, 6);
     if constexpr (B2) {
-      _tile_loadd(7, b + bstride + ks * kTileElems, 64);
+      _tile_loadd(7, b + bstride + ks * kTileBytes, 64);
       _tile_dpbf16ps(2, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
   }
 }
 
-// C tiles as they are: four [16 n x 16 m] fp32 tiles of 1 KiB (tile q: weight rows 16 (q % 2), X^T columns
-// 16 (q / 2)), the accumulator of one block pair between K blocks.
-constexpr int64_t kCTile = 16 * 16;
+inline void accumulate_any(int64_t mb, const uint8_t* a, int64_t lda, const PackedX& x, const uint8_t* b,
+                           int64_t steps) {
+  if (mb > 16) {
+    accumulate<true>(a, lda, b, x.bstride, steps);
+  } else {
+    accumulate<false>(a, lda, b, x.bstride, steps);
+  }
+}
 
-template <bool B2>
-inline void save_c(float* t) {
+// C tiles as they are (tile q: weight rows 16 (q % 2), X^T columns 16 (q / 2); 1 KiB each), the accumulator of
+// one block pair between K blocks. mb: the X^T block's columns (the second column tile exists above 16).
+inline void save_c(int64_t mb, void* t_) {
+  char* t = static_cast<char*>(t_);
   _tile_stored(0, t, 64);
-  _tile_stored(1, t + kCTile, 64);
-  if constexpr (B2) {
-    _tile_stored(2, t + 2 * kCTile, 64);
-    _tile_stored(3, t + 3 * kCTile, 64);
+  _tile_stored(1, t + 4 * kCTile, 64);
+  if (mb > 16) {
+    _tile_stored(2, t + 8 * kCTile, 64);
+    _tile_stored(3, t + 12 * kCTile, 64);
   }
 }
 
-template <bool B2>
-inline void restore_c(const float* t) {
+inline void restore_c(int64_t mb, const void* t_) {
+  const char* t = static_cast<const char*>(t_);
   _tile_loadd(0, t, 64);
-  _tile_loadd(1, t + kCTile, 64);
-  if constexpr (B2) {
-    _tile_loadd(2, t + 2 * kCTile, 64);
-    _tile_loadd(3, t + 3 * kCTile, 64);
+  _tile_loadd(1, t + 4 * kCTile, 64);
+  if (mb > 16) {
+    _tile_loadd(2, t + 8 * kCTile, 64);
+    _tile_loadd(3, t + 12 * kCTile, 64);
   }
 }
 
-// Saved C tiles -> c [kCols m x kRows n] fp32 (the epilogue's row-major [m, n] layout), then the epilogue
-// into out[m0 : m0 + mb, n0 : n0 + nb].
-inline void finish_block(const Problem& p, const Kernels& kk, const float* t, float* c, int64_t m0, int64_t mb,
-                         int64_t n0, int64_t nb) {
+// The saved tiles of an X^T block of mb columns, transposed: tile q's 16 rows of m, each 16 values of n, go to
+// dst + (16 (q / 2) + i) * ld + 16 (q % 2) (32-bit elements), i < rows of that tile still within mb.
+inline void transpose_tiles(const void* t_, int64_t mb, void* dst_, int64_t ld, int64_t nb) {
+  const uint32_t* t = static_cast<const uint32_t*>(t_);
+  uint32_t* dst = static_cast<uint32_t*>(dst_);
   for (int q = 0; q < (mb > 16 ? 4 : 2); ++q) {
+    const int64_t cols = std::min<int64_t>(16, nb - 16 * (q % 2));
+    if (cols <= 0) {
+      continue;
+    }
     __m512i r[16];
     for (int i = 0; i < 16; ++i) {
       r[i] = _mm512_loadu_si512(t + q * kCTile + i * 16);
     }
     transpose16(r);
-    float* dst = c + (q / 2) * 16 * kRows + (q % 2) * 16;
-    for (int i = 0; i < 16; ++i) {
-      _mm512_storeu_si512(dst + i * kRows, r[i]);
+    const __mmask16 keep = cols >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << cols) - 1);
+    const int64_t rows = std::min<int64_t>(16, mb - 16 * (q / 2));
+    for (int64_t i = 0; i < rows; ++i) {
+      _mm512_mask_storeu_epi32(dst + (16 * (q / 2) + i) * ld + 16 * (q % 2), keep, r[i]);
     }
   }
+}
+
+void Bf16Product::finish(const void* tiles, float* c, int64_t m0, int64_t mb, int64_t n0, int64_t nb) const {
+  transpose_tiles(tiles, mb, c, kRows, kRows);
   kk.epilogue(p, c, kRows, m0, mb, n0, nb);
 }
 
-// X^T as B tiles, packed once per call.
-struct PackedX {
-  std::vector<uint16_t> tiles;
-  int64_t ksteps;   // K steps of kTileK
-  int64_t bstride;  // elements from one 16-column tile of X^T to the next
-  const uint16_t* at(int64_t m0, int64_t k0) const {
-    return tiles.data() + (m0 / 16) * bstride + (k0 / kTileK) * kTileElems;
-  }
-};
-
-// accumulate for an X^T block of mb columns.
-inline void accumulate_any(int64_t mb, const uint16_t* a, int64_t lda, const PackedX& x, const uint16_t* b,
-                           int64_t ksteps) {
-  if (mb > 16) {
-    accumulate<true>(a, lda, b, x.bstride, ksteps);
-  } else {
-    accumulate<false>(a, lda, b, x.bstride, ksteps);
-  }
-}
-
-// Thread-local buffers: converted weight rows, saved C tiles, the epilogue's [m, n] block.
-struct Scratch {
-  uint16_t* a;
-  float* tiles;
-  float* c;
-};
-
-Scratch scratch(int64_t c_blocks) {
-  thread_local std::vector<uint16_t> a_buf;
+// M <= kSmallM: one X^T block; its C stays in tiles over all of K.
+template <class G>
+void small_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
+  thread_local std::vector<uint8_t> a_buf;
   thread_local std::vector<float> t_buf, c_buf;
-  return {grown(a_buf, static_cast<size_t>(kRows * kKc)), grown(t_buf, static_cast<size_t>(c_blocks * 4 * kCTile)),
-          grown(c_buf, static_cast<size_t>(kCols * kRows))};
-}
-
-// M <= kSmallM: one X^T block; its C stays in tiles over all of K, the weight converted kKc columns at a time.
-void small_m(const Problem& p, const Kernels& kk, const PackedX& x, int64_t lo, int64_t hi) {
-  const Scratch s = scratch(1);
-  const int64_t k32 = x.ksteps * kTileK;
+  uint8_t* a = grown(a_buf, static_cast<size_t>(kRows * kKcBytes));
+  float* tiles = grown(t_buf, static_cast<size_t>(4 * kCTile));
+  float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
   for (int64_t blk = lo; blk < hi; ++blk) {
     const int64_t n0 = blk * kRows;
     zero_c();
-    for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
-      const int64_t kc = std::min(kKc, k32 - k0);
-      pack_w(p, n0, k0, kc, s.a, kKc);
-      accumulate_any(p.M, s.a, kKc, x, x.at(0, k0), kc / kTileK);
+    for (int64_t s0 = 0; s0 < x.ksteps; s0 += kKcSteps) {
+      const int64_t steps = std::min(kKcSteps, x.ksteps - s0);
+      g.pack(n0, s0, steps, a, kKcBytes);
+      accumulate_any(g.M, a, kKcBytes, x, x.at(0, s0), steps);
     }
-    if (p.M > 16) {
-      save_c<true>(s.tiles);
-    } else {
-      save_c<false>(s.tiles);
-    }
-    finish_block(p, kk, s.tiles, s.c, 0, p.M, n0, std::min(kRows, p.N - n0));
+    save_c(g.M, tiles);
+    g.finish(tiles, c, 0, g.M, n0, std::min(kRows, g.N - n0));
   }
 }
 
-// Larger M: chunks of kMChunk columns of X^T (in L2 while the thread's weight blocks pass by); each weight
-// block is converted kKc columns of K at a time into an L1 buffer that every X^T block of the chunk reads,
-// their C tiles saved and restored between K blocks.
-void large_m(const Problem& p, const Kernels& kk, const PackedX& x, int64_t lo, int64_t hi) {
-  const Scratch s = scratch(kMChunk / kCols);
-  const int64_t k32 = x.ksteps * kTileK;
-  for (int64_t mc0 = 0; mc0 < p.M; mc0 += kMChunk) {
-    const int64_t mc1 = std::min(p.M, mc0 + kMChunk);
-    for (int64_t blk = lo; blk < hi; ++blk) {
-      const int64_t n0 = blk * kRows;
-      for (int64_t k0 = 0; k0 < k32; k0 += kKc) {
-        const int64_t kc = std::min(kKc, k32 - k0);
-        pack_w(p, n0, k0, kc, s.a, kKc);
-        for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
-          const int64_t mb = std::min(kCols, mc1 - m0);
-          float* t = s.tiles + (m0 - mc0) / kCols * 4 * kCTile;
-          if (k0 == 0) {
+// Larger M: threads over panels of `blocks` weight blocks; each panel packed once, kp steps of K at a time
+// (L2-sized), into strips that every 32-column block of X^T reads in turn while its B tiles stay in L2 across
+// the panel's blocks. C tiles are saved per (X^T block, weight block) between K ranges.
+template <class G>
+void large_m(const G& g, const PackedX& x, int64_t panel0, int64_t panel1, int64_t blocks) {
+  const int64_t kp = std::max<int64_t>(kKcSteps, kPanelBytes / (blocks * kRows * kStepBytes));
+  const int64_t ld = kp * kStepBytes;
+  const int64_t mblocks = (g.M + kCols - 1) / kCols;
+  thread_local std::vector<uint8_t> strip_buf;
+  thread_local std::vector<float> tile_buf, c_buf;
+  uint8_t* strips = grown(strip_buf, static_cast<size_t>(blocks * kRows * ld));
+  float* tiles = grown(tile_buf, static_cast<size_t>(mblocks * blocks * 4 * kCTile));
+  float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
+  const int64_t nblocks = (g.N + kRows - 1) / kRows;
+  for (int64_t panel = panel0; panel < panel1; ++panel) {
+    const int64_t b0 = panel * blocks, nb = std::min(blocks, nblocks - b0);
+    for (int64_t s0 = 0; s0 < x.ksteps; s0 += kp) {
+      const int64_t steps = std::min(kp, x.ksteps - s0);
+      const bool last = s0 + steps >= x.ksteps;
+      for (int64_t b = 0; b < nb; ++b) {
+        g.pack((b0 + b) * kRows, s0, steps, strips + b * kRows * ld, ld);
+      }
+      for (int64_t mi = 0; mi < mblocks; ++mi) {
+        const int64_t m0 = mi * kCols, mb = std::min(kCols, g.M - m0);
+        for (int64_t b = 0; b < nb; ++b) {
+          float* t = tiles + (mi * blocks + b) * 4 * kCTile;
+          if (s0 == 0) {
             zero_c();
-          } else if (mb > 16) {
-            restore_c<true>(t);
           } else {
-            restore_c<false>(t);
+            restore_c(mb, t);
           }
-          accumulate_any(mb, s.a, kKc, x, x.at(m0, k0), kc / kTileK);
-          if (mb > 16) {
-            save_c<true>(t);
-          } else {
-            save_c<false>(t);
+          accumulate_any(mb, strips + b * kRows * ld, ld, x, x.at(m0, s0), steps);
+          save_c(mb, t);
+          if (last) {
+            const int64_t n0 = (b0 + b) * kRows;
+            g.finish(t, c, m0, mb, n0, std::min(kRows, g.N - n0));
           }
         }
       }
-      for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
-        finish_block(p, kk, s.tiles + (m0 - mc0) / kCols * 4 * kCTile, s.c, m0, std::min(kCols, mc1 - m0), n0,
-                     std::min(kRows, p.N - n0));
-      }
     }
   }
 }
 
-void run(const Problem& p, const Kernels& kk) {
-  PackedX x;
-  x.ksteps = (p.K + kTileK - 1) / kTileK;
-  x.bstride = x.ksteps * kTileElems;
-  const int64_t mtiles = (p.M + 15) / 16;
-  x.tiles.resize(static_cast<size_t>(mtiles * x.bstride));
-  pack_x(p, x.tiles.data(), mtiles, x.ksteps);
-  at::parallel_for(0, (p.N + kRows - 1) / kRows, 1, [&](int64_t lo, int64_t hi) {
+template <class G>
+void run_product(const G& g, const PackedX& x) {
+  const int64_t nblocks = (g.N + kRows - 1) / kRows;
+  if (g.M <= kSmallM) {
+    at::parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
+      load_config();
+      small_m(g, x, lo, hi);
+      _tile_release();
+    });
+    return;
+  }
+  // Panels of up to kPanelBlocks weight blocks, narrower where there would be fewer panels than threads.
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const int64_t blocks = std::clamp<int64_t>(nblocks / threads, 1, kPanelBlocks);
+  at::parallel_for(0, (nblocks + blocks - 1) / blocks, 1, [&](int64_t lo, int64_t hi) {
     load_config();
-    if (p.M <= kSmallM) {
-      small_m(p, kk, x, lo, hi);
-    } else {
-      large_m(p, kk, x, lo, hi);
-    }
+    large_m(g, x, lo, hi, blocks);
     _tile_release();
   });
 }
+
+// woq_int8_gemm's AMX path: bf16 x, a [N, K] weight (sk == 1).
+void run(const Problem& p, const Kernels& kk) {
+  run_product(Bf16Product{p, kk, p.M, p.N}, pack_x(p.x, p.lda, p.M, p.K, 2));
+}
+
 }  // namespace qlower::woq::amx
 #pragma GCC pop_options
 
