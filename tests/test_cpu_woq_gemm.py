@@ -501,3 +501,25 @@ def test_package_and_op_run_on_the_cpp_ops_library_without_qlower(package, tmp_p
         cwd=tmp_path,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("m", (1, 16, 1024))
+def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
+    """The row of a woq_int8_gemm choice says which path and ISA tier the kernel takes at that M, as the kernel
+    decides it (native.woq_gemm_plan); a symbolic M lists the path at each sample M."""
+    from test_registry import fake_woq_graph
+
+    from qlower.testing import apply_pass
+
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, (cpu_lowerings.cpu_woq_isa(), BF16), (0, None))
+    monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT_DEFAULT", 0)
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MIN_WEIGHT, cpu_lowerings.cpu_woq_isa(), 0)
+    report = apply_pass(fake_woq_graph("cpu", m=m, k=4096, n=64))
+    row = report.entries[0]
+    assert row.lowering == "qlower.woq_int8_gemm", report.table()
+    assert row.why.endswith(f"[{native.woq_gemm_plan(m, BF16)}]"), row.why
+    rec = SimpleNamespace(
+        m=ShapeEnv().create_unbacked_symint().node.expr, compute_dtype=BF16, weight_layout="NK"
+    )
+    tier = cpu_lowerings.woq_gemm_tier(rec)
+    assert tier.startswith("by M: 1 ") and f"1024 {native.woq_gemm_plan(1024, BF16)}" in tier, tier
