@@ -87,7 +87,7 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # converted into a buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16 kernels where
 # the CPU has them) and amx (bf16 x on AMX-BF16 tiles, the weight converted in registers).
 # `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx` forces one; auto (`plan_call` in the kernel) takes amx for
-# bf16 x from M = 8 to 256 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
+# bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),
 # direct otherwise, and at that level runs the direct path on the avx512 fp32-FMA kernels unless
 # `QLOWER_CPU_WOQ_ISA=avx512_bf16` forces vdpbf16ps. The report names the path a record runs (woq_gemm_tier).

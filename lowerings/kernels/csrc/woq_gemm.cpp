@@ -537,9 +537,9 @@ Kernels make_kernels() {
 // call (M x K elements, against N x K converted weight elements). A tile step covers 64 bytes (32 bf16) of K.
 // Tiles: tmm0..3 C [16 n x 16 m] fp32, tmm4-5 A (weight rows n0..n0+15, n0+16..n0+31), tmm6-7 B (X^T columns
 // m0..m0+15, m0+16..m0+31).
-// Work: M <= kSmallM: threads over blocks of 32 weight rows, one block of M whose C stays in tiles over all of
-// K; the weight is converted kKcSteps steps at a time into an L1 buffer. Larger M: threads over panels of up
-// to kPanelBlocks weight blocks, each converted once per call, an L2-sized K range at a time (large_m). The
+// Work: threads over blocks of 32 weight rows, the weight converted kKcSteps steps at a time into an L1
+// buffer. M <= kSmallM: one block of M whose C stays in tiles over all of K. Larger M: chunks of kMChunk
+// columns of X^T, each block converted once per chunk, C tiles saved between K blocks (large_m). The
 // result tiles are transposed back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps
 // treats bf16 denormal inputs as zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on
 // these CPUs). The same tiles on AMX-INT8 (tdpbssd on the weight's own bytes) for dynamic int8 measured at
@@ -556,9 +556,8 @@ constexpr int64_t kCols = 32;                  // X^T columns per block (two B t
 constexpr int64_t kKcSteps = 8;                // K steps per packed block (32 rows x 512 bytes: 16 KiB)
 constexpr int64_t kKcBytes = kKcSteps * kStepBytes;
 constexpr int64_t kSmallM = 32;
-constexpr int64_t kPanelBlocks = 8;            // weight blocks per panel at M > kSmallM (256 rows)
-constexpr int64_t kPanelBytes = 1 << 20;       // a panel's packed K range (in L2)
 constexpr int64_t kCTile = 16 * 16;            // elements of one C tile
+constexpr int64_t kMChunk = 128;               // X^T columns per chunk at M > kSmallM (in L2 at K = 4096)
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -806,44 +805,38 @@ void small_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
   }
 }
 
-// Larger M: threads over panels of `blocks` weight blocks; each panel packed once, kp steps of K at a time
-// (L2-sized), into strips that every 32-column block of X^T reads in turn while its B tiles stay in L2 across
-// the panel's blocks. C tiles are saved per (X^T block, weight block) between K ranges.
+// Larger M: chunks of kMChunk columns of X^T (in L2 while the thread's weight blocks pass by); each weight block
+// converted kKcSteps steps at a time into an L1 buffer that every X^T block of the chunk reads, their C tiles
+// saved and restored between K blocks.
 template <class G>
-void large_m(const G& g, const PackedX& x, int64_t panel0, int64_t panel1, int64_t blocks) {
-  const int64_t kp = std::max<int64_t>(kKcSteps, kPanelBytes / (blocks * kRows * kStepBytes));
-  const int64_t ld = kp * kStepBytes;
-  const int64_t mblocks = (g.M + kCols - 1) / kCols;
-  thread_local std::vector<uint8_t> strip_buf;
-  thread_local std::vector<float> tile_buf, c_buf;
-  uint8_t* strips = grown(strip_buf, static_cast<size_t>(blocks * kRows * ld));
-  float* tiles = grown(tile_buf, static_cast<size_t>(mblocks * blocks * 4 * kCTile));
+void large_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
+  thread_local std::vector<uint8_t> a_buf;
+  thread_local std::vector<float> t_buf, c_buf;
+  uint8_t* a = grown(a_buf, static_cast<size_t>(kRows * kKcBytes));
+  float* tiles = grown(t_buf, static_cast<size_t>(kMChunk / kCols * 4 * kCTile));
   float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
-  const int64_t nblocks = (g.N + kRows - 1) / kRows;
-  for (int64_t panel = panel0; panel < panel1; ++panel) {
-    const int64_t b0 = panel * blocks, nb = std::min(blocks, nblocks - b0);
-    for (int64_t s0 = 0; s0 < x.ksteps; s0 += kp) {
-      const int64_t steps = std::min(kp, x.ksteps - s0);
-      const bool last = s0 + steps >= x.ksteps;
-      for (int64_t b = 0; b < nb; ++b) {
-        g.pack((b0 + b) * kRows, s0, steps, strips + b * kRows * ld, ld);
-      }
-      for (int64_t mi = 0; mi < mblocks; ++mi) {
-        const int64_t m0 = mi * kCols, mb = std::min(kCols, g.M - m0);
-        for (int64_t b = 0; b < nb; ++b) {
-          float* t = tiles + (mi * blocks + b) * 4 * kCTile;
+  for (int64_t mc0 = 0; mc0 < g.M; mc0 += kMChunk) {
+    const int64_t mc1 = std::min(g.M, mc0 + kMChunk);
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      const int64_t n0 = blk * kRows;
+      for (int64_t s0 = 0; s0 < x.ksteps; s0 += kKcSteps) {
+        const int64_t steps = std::min(kKcSteps, x.ksteps - s0);
+        g.pack(n0, s0, steps, a, kKcBytes);
+        for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
+          const int64_t mb = std::min(kCols, mc1 - m0);
+          float* t = tiles + (m0 - mc0) / kCols * 4 * kCTile;
           if (s0 == 0) {
             zero_c();
           } else {
             restore_c(mb, t);
           }
-          accumulate_any(mb, strips + b * kRows * ld, ld, x, x.at(m0, s0), steps);
+          accumulate_any(mb, a, kKcBytes, x, x.at(m0, s0), steps);
           save_c(mb, t);
-          if (last) {
-            const int64_t n0 = (b0 + b) * kRows;
-            g.finish(t, c, m0, mb, n0, std::min(kRows, g.N - n0));
-          }
         }
+      }
+      for (int64_t m0 = mc0; m0 < mc1; m0 += kCols) {
+        g.finish(tiles + (m0 - mc0) / kCols * 4 * kCTile, c, m0, std::min(kCols, mc1 - m0), n0,
+                 std::min(kRows, g.N - n0));
       }
     }
   }
@@ -851,21 +844,13 @@ void large_m(const G& g, const PackedX& x, int64_t panel0, int64_t panel1, int64
 
 template <class G>
 void run_product(const G& g, const PackedX& x) {
-  const int64_t nblocks = (g.N + kRows - 1) / kRows;
-  if (g.M <= kSmallM) {
-    at::parallel_for(0, nblocks, 1, [&](int64_t lo, int64_t hi) {
-      load_config();
-      small_m(g, x, lo, hi);
-      _tile_release();
-    });
-    return;
-  }
-  // Panels of up to kPanelBlocks weight blocks, narrower where there would be fewer panels than threads.
-  const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t blocks = std::clamp<int64_t>(nblocks / threads, 1, kPanelBlocks);
-  at::parallel_for(0, (nblocks + blocks - 1) / blocks, 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, (g.N + kRows - 1) / kRows, 1, [&](int64_t lo, int64_t hi) {
     load_config();
-    large_m(g, x, lo, hi, blocks);
+    if (g.M <= kSmallM) {
+      small_m(g, x, lo, hi);
+    } else {
+      large_m(g, x, lo, hi);
+    }
     _tile_release();
   });
 }
@@ -1159,10 +1144,11 @@ bool amx_usable() {
 
 // auto takes the AMX path for bf16 x with a [N, K] weight at the avx512_bf16 level for M in
 // [kAmxMinM, kAmxMaxM]: measured faster than the direct path from M = 8 and than the chunked one up to
-// M = 256 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"); above, converting each weight block once per
-// 128 columns of X^T costs more than oneDNN's GEMM on wide converted chunks.
+// M = 128 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"); above, tiles fed from L2 (a weight block
+// converted once per 128 columns of X^T, or once per call in panels of 8 blocks: both measured) run below
+// oneDNN's GEMM on wide converted chunks.
 constexpr int64_t kAmxMinM = 8;
-constexpr int64_t kAmxMaxM = 256;
+constexpr int64_t kAmxMaxM = 128;
 
 // QLOWER_CPU_WOQ_GEMM_PATH, read at each call like QLOWER_CPU_WOQ_ISA.
 Path chosen_path() {
