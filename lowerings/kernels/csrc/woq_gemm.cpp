@@ -610,11 +610,12 @@ inline void transpose16(__m512i (&r)[16]) {
 // 4 bytes at K byte 64 ks + 4r of x's rows 16 mt + m, m = 0..15 (zeros beyond M and K): per tile, a transpose
 // of 16 x 16 four-byte groups.
 struct PackedX {
-  std::vector<uint8_t> tiles;
+  uint8_t* tiles;   // the calling thread's buffer, reused across calls (a fresh multi-MiB buffer per call
+                    // would be a fresh mmap whose pages fault in on every call)
   int64_t ksteps;   // tile steps over K
   int64_t bstride;  // bytes from one 16-column tile of X^T to the next
   const uint8_t* at(int64_t m0, int64_t step) const {
-    return tiles.data() + (m0 / 16) * bstride + step * kTileBytes;
+    return tiles + (m0 / 16) * bstride + step * kTileBytes;
   }
 };
 
@@ -625,7 +626,8 @@ PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K, int64_t es) {
   px.ksteps = (kbytes + kStepBytes - 1) / kStepBytes;
   px.bstride = px.ksteps * kTileBytes;
   const int64_t mtiles = (M + 15) / 16;
-  px.tiles.resize(static_cast<size_t>(mtiles * px.bstride));
+  thread_local std::vector<uint8_t> buf;
+  px.tiles = grown(buf, static_cast<size_t>(mtiles * px.bstride));
   const char* x = static_cast<const char*>(xp);
   at::parallel_for(0, mtiles * px.ksteps, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t u = lo; u < hi; ++u) {
@@ -638,7 +640,7 @@ PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K, int64_t es) {
         r[m] = row < M ? _mm512_maskz_loadu_epi8(kmask, x + row * lda * es + k0) : _mm512_setzero_si512();
       }
       transpose16(r);
-      uint8_t* dst = px.tiles.data() + u * kTileBytes;
+      uint8_t* dst = px.tiles + u * kTileBytes;
       for (int i = 0; i < 16; ++i) {
         _mm512_storeu_si512(dst + i * kStepBytes, r[i]);
       }
