@@ -1133,14 +1133,19 @@ def _execute_pipeline(case: Case, built: Built, xs: dict[str, torch.Tensor], pro
     return [Obs(xi, out, built.eager(xi), None if built.ref is None else built.ref(xi)) for xi, out in pairs]
 
 
+STOCK_STEPS = object()  # _execute's `compiled` for _stock_check: stock torch.compile, a pipeline's plain steps
+
+
 def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = False) -> list[Obs]:
     """Run the case's steps (_steps) through `compiled`; each call's eager and float64 results are taken right
     after it, before any later weight write (`diff`: the weights are kept for `_fresh_references` instead)."""
     xs = {"m": make_x(case, case.m, 0, built.x_std)}
     if case.dynamic:
         xs["m2"] = make_x(case, case.m2, 1, built.x_std)
-    if case.extra.get("variant") in pipelines.VARIANTS:
+    if case.extra.get("variant") in pipelines.VARIANTS and compiled is not STOCK_STEPS:
         return _execute_pipeline(case, built, xs, prog)
+    if compiled is STOCK_STEPS:  # a pipeline class's stock check: its plain steps, stock-compiled
+        compiled = _compile(built.model, case, with_qlower=False)
     obs: list[Obs] = []
     written = False
     for step in _steps(case):
@@ -1386,13 +1391,14 @@ def _stock_check(case: Case, attempts: int = 3) -> dict[str, Any]:
     """The same case, models built afresh, through stock torch.compile (no qlower options). Several attempts:
     a kernel reading uninitialized memory is wrong only some of the time (seen on CPU). Stock's generated code
     is checked as qlower's is (`short_leading_dims`): Inductor views a 1-D activation [K] as [1, K] with
-    strides (0, 1) for its own `mm` (family_order, x [K], dynamic_int8 off)."""
+    strides (0, 1) for its own `mm` (family_order, x [K], dynamic_int8 off). A pipeline class (two_models,
+    cache_switch, aoti_package) runs its plain steps here: its own flow compiles with qlower's options."""
     for attempt in range(1, attempts + 1):
         built = build(case)
         _poison_freed_memory(case, built.model)
         dims = LEADING_DIMS[0] = []
         try:
-            obs = _execute(case, built, _compile(built.model, case, with_qlower=False), Progress())
+            obs = _execute(case, built, STOCK_STEPS, Progress())
         except Exception as e:  # noqa: BLE001
             return {"ok": False, "attempt": attempt, "exception": _exc_record(e)}
         if dims:

@@ -262,6 +262,25 @@ def test_pt2e_compiled_without_fallbacks():
     check_close(out, eager, model.reference(x))
 
 
+@pytest.mark.parametrize("preference", ["aten", "emulated"])
+def test_pt2e_inlined_after_a_stock_compile_met_its_ops(preference):
+    """A stock compile of a PT2E graph makes Inductor register fallback handlers for the quantized_decomposed
+    ops; a qlower compile after it in the same process must still inline them. Run opaquely they take their
+    meta function's dtypes (choose_qparams_per_token: float64 scales where the kernel returns float32), and
+    the generated code read the float32 scales as doubles: non-finite and wrong outputs (fuzz seed 878058745)."""
+    model = PT2E(K, N)
+    x = _x(7)
+    with torch.no_grad():
+        eager = model(x)
+        torch.compile(PT2E(K, N), dynamic=True)(x)  # stock: quantized_decomposed ops become fallbacks
+        compiled = torch.compile(
+            model, dynamic=True, options=qlower.inductor_options(kernel_preference=preference)
+        )
+        out, (code,) = run_and_get_code(compiled, x)
+    assert "quantized_decomposed" not in code.split("def call(")[1], code
+    check_close(out, eager, model.reference(x))
+
+
 def test_dynamic_m_compiled():
     model = Int32MM(K, N, kn=True)
     fn = torch.compile(model, options=qlower.inductor_options(), dynamic=True)

@@ -26,9 +26,17 @@ def _fallback_impl(node: fx.Node) -> Any:
         return None
     if target.namespace != "quantized_decomposed":
         return None
-    from torch._inductor.lowering import lowerings
+    from torch._inductor import lowering
 
-    if target in lowerings:
+    # Inductor adds a fallback handler to `lowerings` the first time a compile meets an op it cannot lower: a
+    # later compile in the process must still see that op as a fallback (else it runs the op opaquely, with
+    # its meta function's dtypes: choose_qparams_per_token's says float64 where the kernel returns float32,
+    # and the generated code read float32 scales as doubles;
+    # tests/test_dynamic_int8_numerics.py::test_pt2e_inlined_after_a_stock_compile_met_its_ops).
+    handler = lowering.lowerings.get(target)
+    if handler is not None and not (
+        getattr(handler, "_is_fallback_handler", False) or target in getattr(lowering, "fallbacks", ())
+    ):
         return None
     from torch.ao.quantization.fx import _decomposed
 

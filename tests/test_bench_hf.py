@@ -1,0 +1,37 @@
+"""scripts/bench_hf.py end to end on a one-layer toy Llama: three flows, the table, tokens equal to eager's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SUBPROCESS_TIMEOUT_S
+
+pytest.importorskip("transformers")
+pytest.importorskip("torchao")
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_hf.py"
+
+
+@pytest.mark.slow
+def test_tiny_generate_rows_for_every_flow(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--new-tokens", "3", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "hf_cpu.json").read_text())
+    rows = {r["flow"]: r for r in data["rows"]}
+    assert set(rows) == {"bf16", "stock", "qlower"}
+    for row in rows.values():
+        assert row["tokens_equal"], row  # greedy tokens equal eager's from the same model
+        assert row["first_call_s"] > 0 and row["decode_ms"] == row["decode_ms"]  # measured (not NaN)
+    done, total = (int(v) for v in rows["qlower"]["lowered"].split("/"))
+    assert total > 0 and done == total, rows["qlower"]  # every linear of the prefill and decode graphs
+    table = (tmp_path / "hf_cpu.md").read_text()
+    assert "| llama | woq_int8 | dynamic |" in table, table
