@@ -1133,7 +1133,8 @@ def _execute_pipeline(case: Case, built: Built, xs: dict[str, torch.Tensor], pro
     return [Obs(xi, out, built.eager(xi), None if built.ref is None else built.ref(xi)) for xi, out in pairs]
 
 
-STOCK_STEPS = object()  # _execute's `compiled` for _stock_check: stock torch.compile, a pipeline's plain steps
+# _execute's `compiled` for _stock_check: stock torch.compile, a pipeline's plain steps
+STOCK_STEPS = object()
 
 
 def _execute(case: Case, built: Built, compiled, prog: Progress, diff: bool = False) -> list[Obs]:
