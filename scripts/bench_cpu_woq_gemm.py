@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 import qlower
-from qlower.lowerings.kernels import native
 
 qlower.load_ops()  # registers torch.ops.qlower.*
 
@@ -56,6 +55,16 @@ def woq_gemm_ms(x: torch.Tensor, sets: list, path: str, reps: int) -> float:
             os.environ[PATH_ENV] = before
 
 
+def amx_runs() -> bool:
+    """Whether the kernel's amx path runs here (it refuses a forced amx path without AMX-BF16 tiles)."""
+    try:
+        w = (torch.zeros(32, 32, dtype=torch.int8), torch.ones(32, dtype=BF16))
+        woq_gemm_ms(torch.zeros(1, 32, dtype=BF16), [w] * 3, "amx", 1)
+    except RuntimeError:
+        return False
+    return True
+
+
 def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str], rounds: int) -> list[str]:
     """The table cells of one M: each time, and bf16 F.linear's time over it; each the minimum over `rounds`
     interleaved rounds (a shared machine's noise hits every column alike)."""
@@ -84,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     paths = args.paths.split(",")
-    if "amx" in paths and "amx_bf16" not in native.supported_isas():
-        paths.remove("amx")  # the kernel refuses a forced amx path without AMX tiles
+    if "amx" in paths and not amx_runs():
+        paths.remove("amx")
     isa = os.environ.get("QLOWER_CPU_WOQ_ISA", "best")
     print(
         f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
