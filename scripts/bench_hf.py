@@ -220,6 +220,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Every flow compiles afresh, as on a user's first run: a cache hit would shorten the first call and
+    # leave qlower's pass (and its report) out of the compile.
+    torch.compiler.config.force_disable_caches = True
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(args)
