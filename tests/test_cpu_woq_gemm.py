@@ -184,30 +184,35 @@ def test_kn_weight_view_matches_the_nk_weight(isa):
 CHUNKED_SHAPES = ((1, 7, 33), (3, 33, 7), (17, 33, 100), (5, 4097, 100), (130, 33, 9), (2100, 7, 40))
 
 
-@pytest.mark.parametrize("dtype", (BF16, FP32), ids=str)
-def test_chunked_tails_match_float64(dtype, monkeypatch):
-    """The chunked path's partial chunks and M blocks (the shapes above, at 2 threads) against float64."""
-    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "chunked")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+def _shapes_match_float64(label: str, shapes, dtype: torch.dtype, seed: int, threads: int) -> None:
+    """Every form of each (M, K, N) against float64, at `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        for m, k, n in CHUNKED_SHAPES:
-            x, w, s, b = _operands(m, k, n, dtype, seed=3)
+        for m, k, n in shapes:
+            x, w, s, b = _operands(m, k, n, dtype, seed=seed)
             for form in FORMS:
                 got = _call(x, w, s, b, form)
                 ref = _float64(x, w, s, b, form)
                 assert got.dtype == dtype and got.shape == (m, n)
                 err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
                 assert err <= REL_TOL[dtype], (
-                    f"chunked {dtype} (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
+                    f"{label} {dtype} (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
                 )
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", (BF16, FP32), ids=str)
+def test_chunked_tails_match_float64(dtype, monkeypatch):
+    """The chunked path's partial chunks and M blocks (the shapes above, at 2 threads) against float64."""
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "chunked")
+    _shapes_match_float64("chunked", CHUNKED_SHAPES, dtype, seed=3, threads=2)
 
 
 # (M, K, N) for the AMX path: M below, at and past one and two 16-column tiles of X^T (the small-M path up to
-# 32, the strip path above it, 260 in nine column blocks), K short of, at and past one 32-element tile step and
-# one 256-element conversion block, N short of and past one 32-row block of weight rows.
+# 32; above it chunks of 128 columns: 260 in three chunks of 32-column blocks), K short of, at and past one
+# 32-element tile step and one 256-element conversion block, N short of and past one 32-row weight block.
 AMX_SHAPES = (
     (1, 31, 1),
     (15, 32, 33),
@@ -225,18 +230,7 @@ def test_amx_blocks_match_float64(threads, monkeypatch):
     """The AMX path's partial tiles, blocks and K steps (the shapes above), every form, against float64."""
     skip_without_amx()
     monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "amx")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for m, k, n in AMX_SHAPES:
-            x, w, s, b = _operands(m, k, n, BF16, seed=5)
-            for form in FORMS:
-                got = _call(x, w, s, b, form)
-                ref = _float64(x, w, s, b, form)
-                err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
-                assert err <= REL_TOL[BF16], f"amx (M, K, N)=({m}, {k}, {n}) {form}: rel err {err:.3g}"
-    finally:
-        torch.set_num_threads(before)
+    _shapes_match_float64("amx", AMX_SHAPES, BF16, seed=5, threads=threads)
 
 
 def test_amx_special_values_follow_eager(monkeypatch):
