@@ -12,8 +12,8 @@ options of one compile leaking into another), so each class brings its own seque
   the previous one: where the AOTAutograd cache served it, one that says so (`pass_ran=False`, naming the
   preference); else the rows of that compile, honouring its preference (tests/test_report_cache.py).
 - `two_models`: in one process without a Dynamo reset, the model compiled with the case's options, a copy
-  compiled by stock `torch.compile` (it must add no report), and another copy with EMULATED: each compile's
-  rows honour its own preference.
+  compiled by stock `torch.compile` (it must add no report; its output is checked where stock compiles it),
+  and another copy with EMULATED: each compile's rows honour its own preference.
 - `aoti_package`: `torch.export` (a `Dim` batch for a dynamic case, else static), AOTInductor with qlower's
   options, then the package run in fresh processes three ways (qlower blocked, `import qlower` alone,
   `qlower.load_ops()`), each against eager (tests/test_aoti_portable.py). On the H200 image a CUDA package
@@ -163,7 +163,12 @@ def two_models(
     first = qlower.last_report()
     _check_report(first, None, case.preference, False, problems, f"qlower ({case.preference})")
     count = len(qlower.all_reports())
-    outs.append(torch.compile(copy.deepcopy(model), dynamic=case.dynamic or None)(x))
+    # Stock Inductor cannot compile some graphs qlower lowers (CPU MX forms with e8m0 scales: KeyError
+    # float8_e8m0fnu): nothing of qlower's runs there, so only the report is checked then.
+    try:
+        outs.append(torch.compile(copy.deepcopy(model), dynamic=case.dynamic or None)(x))
+    except Exception:  # noqa: BLE001
+        pass
     if len(qlower.all_reports()) != count or qlower.last_report() is not first:
         problems.append("a stock torch.compile beside qlower's added a qlower report")
     other = _other_preference(case.preference)
