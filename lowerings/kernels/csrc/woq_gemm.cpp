@@ -619,8 +619,9 @@ struct PackedX {
   }
 };
 
-// x: M rows of K elements of `es` bytes, row stride lda elements.
-PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K, int64_t es) {
+// x: M rows of K bf16 elements, row stride lda elements.
+PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K) {
+  constexpr int64_t es = 2;  // bf16
   PackedX px;
   const int64_t kbytes = K * es;
   px.ksteps = (kbytes + kStepBytes - 1) / kStepBytes;
@@ -649,7 +650,7 @@ PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K, int64_t es) {
   return px;
 }
 
-// Prefetches the `bytes` after `row`'s packed range (the next block's), up to `end`.
+// Prefetches the `bytes` after `row`'s packed range (the next block's), within the `room` bytes left in the row.
 inline void prefetch_next(const int8_t* row, int64_t bytes, int64_t room) {
   for (int64_t off = bytes; off < 2 * bytes && off < room; off += 64) {
     __builtin_prefetch(row + off, 0, 3);
@@ -787,8 +788,7 @@ void Bf16Product::finish(const void* tiles, float* c, int64_t m0, int64_t mb, in
 }
 
 // M <= kSmallM: one X^T block; its C stays in tiles over all of K.
-template <class G>
-void small_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
+void small_m(const Bf16Product& g, const PackedX& x, int64_t lo, int64_t hi) {
   thread_local std::vector<uint8_t> a_buf;
   thread_local std::vector<float> t_buf, c_buf;
   uint8_t* a = grown(a_buf, static_cast<size_t>(kRows * kKcBytes));
@@ -810,8 +810,7 @@ void small_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
 // Larger M: chunks of kMChunk columns of X^T (in L2 while the thread's weight blocks pass by); each weight block
 // converted kKcSteps steps at a time into an L1 buffer that every X^T block of the chunk reads, their C tiles
 // saved and restored between K blocks.
-template <class G>
-void large_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
+void large_m(const Bf16Product& g, const PackedX& x, int64_t lo, int64_t hi) {
   thread_local std::vector<uint8_t> a_buf;
   thread_local std::vector<float> t_buf, c_buf;
   uint8_t* a = grown(a_buf, static_cast<size_t>(kRows * kKcBytes));
@@ -844,8 +843,7 @@ void large_m(const G& g, const PackedX& x, int64_t lo, int64_t hi) {
   }
 }
 
-template <class G>
-void run_product(const G& g, const PackedX& x) {
+void run_product(const Bf16Product& g, const PackedX& x) {
   at::parallel_for(0, (g.N + kRows - 1) / kRows, 1, [&](int64_t lo, int64_t hi) {
     load_config();
     if (g.M <= kSmallM) {
@@ -859,7 +857,7 @@ void run_product(const G& g, const PackedX& x) {
 
 // woq_int8_gemm's AMX path: bf16 x, a [N, K] weight (sk == 1).
 void run(const Problem& p, const Kernels& kk) {
-  run_product(Bf16Product{p, kk, p.M, p.N}, pack_x(p.x, p.lda, p.M, p.K, 2));
+  run_product(Bf16Product{p, kk, p.M, p.N}, pack_x(p.x, p.lda, p.M, p.K));
 }
 
 }  // namespace qlower::woq::amx
