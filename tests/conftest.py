@@ -40,3 +40,12 @@ def _isolated_compiles():
         yield
     torch._inductor.config.load_config(saved)
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def int_mm_only(monkeypatch):
+    """CPU dynamic int8 on `_int_mm` at every M: qlower.int8_gemm (M <= 4 by default) off, for tests of the
+    `_int_mm` graph forms."""
+    from qlower.lowerings.devices import cpu
+
+    monkeypatch.setattr(cpu, "INT8_GEMM_MAX_M", 0)

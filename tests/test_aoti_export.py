@@ -186,6 +186,7 @@ def test_package_runs_without_qlower_python_on_the_cpp_ops_library(export, tmp_p
             (torch.randn(3, 32, dtype=BF16), w, torch.rand(24, dtype=BF16), None, False, BF16),
         ),
         "int8_mm_min_m": ((torch.randint(-127, 128, (3, 32), dtype=torch.int8), w, 17),),
+        "int8_gemm": ((torch.randint(-128, 128, (3, 32), dtype=torch.int8), w, 4),),
         "mx_bytes": ((torch.randint(0, 255, (4, 8), dtype=torch.uint8).view(torch.float8_e8m0fnu),),),
     }
     calls = {name: (args, getattr(torch.ops.qlower, name)(*args)) for name, (args,) in calls.items()}

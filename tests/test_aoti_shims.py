@@ -36,6 +36,7 @@ class TestXpuDeclarations(expecttest.TestCase):
         self.assertExpectedInline(
             declarations("xpu"),
             """\
+AOTITorchError aoti_torch_xpu_int8_gemm(AtenTensorHandle x, AtenTensorHandle w_nk, int64_t max_m, AtenTensorHandle* ret0)
 AOTITorchError aoti_torch_xpu_int8_mm_min_m(AtenTensorHandle x, AtenTensorHandle w_nk, int64_t min_m, AtenTensorHandle* ret0)
 AOTITorchError aoti_torch_xpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)
 AOTITorchError aoti_torch_xpu_woq_int8_gemm(AtenTensorHandle x, AtenTensorHandle w_nk, AtenTensorHandle* scale, AtenTensorHandle* bias, int32_t scale_on_weight, int32_t out_dtype, AtenTensorHandle* ret0)
@@ -216,6 +217,7 @@ def test_cpu_library_is_built_from_the_cli_output(tmp_path):
     assert written == [
         "qlower_c_shim_cpu.cpp",
         "qlower_c_shim_cpu.h",
+        "qlower_kernel_int8_gemm.cpp",
         "qlower_kernel_qlower_ops.cpp",
         "qlower_kernel_woq_gemm.cpp",
     ]

@@ -91,7 +91,7 @@ def test_dynamic_int8_vector_activation_compiles_to_the_int8_matmul(shape):
     got = torch.compile(scale_after_linear, options=opts)(x)
     rows = list(qlower.last_report())
     assert [(d.family, d.lowered) for d in rows] == [("dynamic_int8", True)], rows
-    assert "_int_mm" in rows[0].lowering, rows[0]
+    assert "_int_mm" in rows[0].lowering or rows[0].lowering == "qlower.int8_gemm", rows[0]
     ref = reference(x)
     assert got.shape == ref.shape and got.dtype == torch.bfloat16
     rel = ((got.double() - ref).norm() / ref.norm()).item()

@@ -1,6 +1,6 @@
 """torchao `Int8DynamicActivationInt8WeightConfig` at decode sizes (M = 1, 2, 3, 17), both of torchao's CPU
-spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), and which `_int_mm` takes an M that can
-be 1 (`lowerings/devices/cpu.py: u8s8_at_m1`).
+spellings (s8s8, and the u8s8 one it takes on VNNI CPUs without AMX), which `_int_mm` takes an M that can
+be 1 (`lowerings/devices/cpu.py: u8s8_at_m1`) where qlower.int8_gemm is off, and which M qlower.int8_gemm takes.
 
 At x [1, 1, K] Inductor handed `_int_mm` a [1, K] view with strides (0, 1), and oneDNN on AVX512 CPUs took the
 0 for the leading dimension: outputs off by 10^3-10^4x (reproduced on the H200 host's Xeon, torch 2.11).
@@ -87,7 +87,7 @@ def test_torchao_dynamic_int8_dynamic_m_every_size(torchao_branch):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, K), (1, K), (1, 1, 1, K), (3, 1, K)])
-def test_int_mm_operands_have_dense_leading_dims(torchao_branch, shape):
+def test_int_mm_operands_have_dense_leading_dims(torchao_branch, int_mm_only, shape):
     """Every `_int_mm` call in the generated code gets operands whose leading dimension spans the row
     (`inductor_fixes.dense_unit_strides`), with the numbers right."""
     import re
@@ -126,7 +126,7 @@ def _int_mm_operand_dtypes(gm: torch.fx.GraphModule) -> list[torch.dtype]:
         ("none", 1, False, "aten._int_mm"),  # other CPUs keep s8s8 at M = 1
     ],
 )
-def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, monkeypatch, isa, m, dynamic, want):
+def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, int_mm_only, monkeypatch, isa, m, dynamic, want):
     from qlower.lowerings.devices.cpu import int_mm_takes_uint8
 
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
@@ -138,6 +138,31 @@ def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, monkeypatch, isa, m,
         report = apply_pass(gm)
     assert [d.lowering for d in report] == [want], report.table()
     assert _int_mm_operand_dtypes(gm) == [torch.uint8 if want.endswith("u8s8") else torch.int8]
+
+
+@pytest.mark.parametrize(
+    "isa, m, dynamic, want",
+    [
+        ("vnni", 1, False, "qlower.int8_gemm"),  # a static decode M takes qlower's kernel on every CPU
+        ("amx", 4, False, "qlower.int8_gemm"),
+        ("none", 1, True, "qlower.int8_gemm"),  # a symbolic M: the op hands larger M to `_int_mm` itself
+        ("amx", 5, False, "aten._int_mm"),  # above INT8_GEMM_MAX_M
+        ("vnni", 4, True, "aten._int_mm.u8s8"),  # a symbolic M on VNNI without AMX keeps u8s8 above M = 1
+    ],
+)
+def test_int8_gemm_takes_decode_sizes(torchao_branch, monkeypatch, isa, m, dynamic, want):
+    from qlower.lowerings.devices.cpu import int_mm_takes_uint8
+
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
+    if want.endswith("u8s8") and not int_mm_takes_uint8():
+        want = "qlower.int8_gemm"  # torch 2.11: no u8s8 `_int_mm` to keep
+    model = _quantized_linear(torch.bfloat16)
+    with torch.no_grad():
+        gm = trace_for_inductor(model, torch.randn(m, K, dtype=torch.bfloat16), dynamic=dynamic)
+        report = apply_pass(gm)
+    assert [d.lowering for d in report] == [want], report.table()
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.int8_gemm.default]
+    assert len(calls) == (want == "qlower.int8_gemm")
 
 
 @pytest.mark.gpu

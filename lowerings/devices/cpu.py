@@ -24,6 +24,7 @@ from qlower.lowerings.emit.dynamic_int8 import (
     emit_int_mm,
     emit_qlinear_u8,
     emit_qlinear_u8_cached,
+    make_emit_int8_gemm,
     make_emit_int_mm_u8,
 )
 from qlower.lowerings.emit.woq_int8 import (
@@ -463,6 +464,53 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
     return None
 
 
+# qlower::int8_gemm (lowerings/kernels/csrc/int8_gemm.cpp): the int8 weight read once as stored (no per-call
+# re-pack), AVX512-VNNI / AVX-512 / AVX2 dot products; `_int_mm` above INT8_GEMM_MAX_M rows. Measured against
+# s8s8 `_int_mm` on the 2-vCPU AMX Xeon (2 threads, one op call each, `_int_mm` us / int8_gemm us; BENCHMARKS.md,
+# "CPU, dynamic_int8: qlower::int8_gemm", has the table and command): M = 1 1.9-3.7x faster (512x512 20/7,
+# 4096x4096 772/345, 4096x14336 2501/1208), M = 2 1.5-2.6x, M = 4 1.1-1.9x, M = 8 0.69-1.13x, M = 16 0.42-0.81x
+# (oneDNN runs AMX tiles there). On VNNI CPUs without AMX `_int_mm` has no tiles either, so the crossover is at
+# least as high; 4 is kept there too.
+INT8_GEMM_MAX_M = 4
+INT8_GEMM_ISA_ENV = (
+    "QLOWER_CPU_INT8_GEMM_ISA"  # forces the kernels' ISA level (scalar, avx2, avx512, avx512_vnni)
+)
+
+
+def _supports_int8_gemm(rec: QuantLinear) -> str | None:
+    why = int8_operands(rec)
+    if why:
+        return why
+    if rec.weight_layout != "NK":
+        return "a [K, N] weight: the kernel reads weight rows along K (it would copy the weight every call)"
+    if INT8_GEMM_MAX_M < 1:
+        return "INT8_GEMM_MAX_M = 0: the op serves no M"
+    if is_static(rec.m) and int(rec.m) > INT8_GEMM_MAX_M:
+        return f"M={int(rec.m)} > {INT8_GEMM_MAX_M}: oneDNN's `_int_mm` is faster (INT8_GEMM_MAX_M)"
+    if not is_static(rec.m) and cpu_int8_isa() == "vnni" and int_mm_takes_uint8():
+        return "a symbolic M on a VNNI CPU without AMX keeps u8s8 `_int_mm` (the op's larger-M call is s8s8)"
+    if not native.compiler_available():
+        return "no C++ compiler on PATH to build the kernel (lowerings/kernels/native.py)"
+    return None
+
+
+def int8_gemm_tier(rec: QuantLinear) -> str:
+    """The ISA level of the op's own kernels, and where a symbolic M hands over to `_int_mm`."""
+    isa = native.int8_gemm_isa()
+    return isa if is_static(rec.m) else f"{isa} up to M = {INT8_GEMM_MAX_M}, `_int_mm` above"
+
+
+DYNAMIC_INT8_GEMM_CPU = Lowering(
+    name="qlower.int8_gemm",
+    family="dynamic_int8",
+    kind=KernelPreference.ATEN,
+    supports=_supports_int8_gemm,
+    emit=lambda graph, rec: make_emit_int8_gemm(INT8_GEMM_MAX_M)(graph, rec),
+    doc="qlower's int8 GEMM for small M (the weight read once, as stored), `_int_mm` above; fused rescale",
+    detail=int8_gemm_tier,
+)
+
+
 DYNAMIC_INT8_QLINEAR_CPU = Lowering(
     name="onednn.qlinear_pointwise.u8",
     family="dynamic_int8",
@@ -512,6 +560,7 @@ def register() -> None:
             WOQ_INT8_SCRATCH_MM_CPU,
             WOQ_INT8_GEMM_CPU,
             WOQ_INT8_DEQUANT_MM,
+            DYNAMIC_INT8_GEMM_CPU,
             DYNAMIC_INT8_QLINEAR_CPU,
             DYNAMIC_INT8_QLINEAR_CACHED_CPU,
             DYNAMIC_INT8_INT_MM_U8_CPU,
@@ -522,5 +571,11 @@ def register() -> None:
         describe=lambda device: f"{device} ({torch.backends.cpu.get_cpu_capability()})",
         replace=True,
         # read by cpu_int8_isa, the prepack cache rule, cpu_woq_isa; the woq_int8_gemm path the table assumes
-        env=("QLOWER_CPU_INT8_ISA", cpu_prepack.ENV_SWITCH, WOQ_GEMM_ISA_ENV, WOQ_GEMM_PATH_ENV),
+        env=(
+            "QLOWER_CPU_INT8_ISA",
+            cpu_prepack.ENV_SWITCH,
+            WOQ_GEMM_ISA_ENV,
+            WOQ_GEMM_PATH_ENV,
+            INT8_GEMM_ISA_ENV,
+        ),
     )

@@ -180,6 +180,19 @@ def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.N
     return emit
 
 
+def make_emit_int8_gemm(max_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+    """`qlower::int8_gemm` (lowerings/kernels/csrc/int8_gemm.cpp): qlower's CPU kernels up to `max_m` rows,
+    `_int_mm` above (decided at each call, so a symbolic M takes it too), then the fused rescale."""
+
+    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+        em = _emitter(graph, rec)
+        x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
+        acc = em.call(custom_ops.int8_gemm, x2d, w_nk, max_m)
+        return rescale(em, rec, acc, x2d, w_nk)
+
+    return emit
+
+
 def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     """The int8 matmul in fp32, exact for any K: K is cut into chunks of EXACT_FP32_K (each chunk's sum is
     an exact fp32 integer), the chunk results are added in int32. Works on every device."""

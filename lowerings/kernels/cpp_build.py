@@ -266,7 +266,7 @@ def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()
     return lib
 
 
-NATIVE_SOURCES = ("woq_gemm.cpp",)
+NATIVE_SOURCES = ("woq_gemm.cpp", "int8_gemm.cpp")
 ANY_DEVICE = "*"
 # qlower ops whose kernel is a C++ function of csrc/ named like the op (`qlower::woq_int8_gemm`): op ->
 # (device, or ANY_DEVICE for a kernel of aten calls alone; source). The C shims of those devices call the
@@ -276,6 +276,7 @@ ANY_DEVICE = "*"
 # (tests/test_aoti_shims.py::test_every_shimmed_qlower_op_calls_its_kernel_directly).
 DIRECT_KERNELS: dict[str, tuple[str, str]] = {
     "qlower::woq_int8_gemm": ("cpu", "woq_gemm.cpp"),
+    "qlower::int8_gemm": ("cpu", "int8_gemm.cpp"),
     "qlower::woq_int8_mm_by_m": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::int8_mm_min_m": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::mx_bytes": (ANY_DEVICE, "qlower_ops.cpp"),

@@ -116,8 +116,8 @@ int8_weight_mm = torch.ops.qlower.int8_weight_mm.default
 # backend wrapper) cost 30-35 us per call on the 2-core CI CPU (40 against 11 us for a 64x64 call, a scratch
 # probe), which is as long as a small layer's GEMM. The Python kernel below serves calls made before the
 # library is loaded (say, a graph from Inductor's cache): it loads it, and later calls skip Python.
-_WOQ_GEMM_LIB = torch.library.Library("qlower", "FRAGMENT")
-_WOQ_GEMM_LIB.define(
+_NATIVE_LIB = torch.library.Library("qlower", "FRAGMENT")
+_NATIVE_LIB.define(
     "woq_int8_gemm(Tensor x, Tensor w_nk, Tensor? scale, Tensor? bias, bool scale_on_weight, "
     "ScalarType out_dtype) -> Tensor"
 )
@@ -134,7 +134,7 @@ def _woq_int8_gemm_loading(
     return native.ops().woq_int8_gemm(x, w_nk, scale, bias, scale_on_weight, out_dtype)
 
 
-_WOQ_GEMM_LIB.impl("woq_int8_gemm", _woq_int8_gemm_loading, "CompositeExplicitAutograd")
+_NATIVE_LIB.impl("woq_int8_gemm", _woq_int8_gemm_loading, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("qlower::woq_int8_gemm")
@@ -150,6 +150,26 @@ def _(
 
 
 woq_int8_gemm = torch.ops.qlower.woq_int8_gemm.default
+
+# qlower::int8_gemm: x int8 [M, K] @ w_nk int8 [N, K].T -> int32, exactly, on CPU: qlower's own kernels
+# (lowerings/kernels/csrc/int8_gemm.cpp: the weight read once, as stored) up to `max_m` rows, `aten._int_mm`
+# above (a symbolic M decides at each call). Defined as woq_int8_gemm is, for the same per-call cost.
+_NATIVE_LIB.define("int8_gemm(Tensor x, Tensor w_nk, int max_m) -> Tensor")
+
+
+def _int8_gemm_loading(x: torch.Tensor, w_nk: torch.Tensor, max_m: int) -> torch.Tensor:
+    return native.ops().int8_gemm(x, w_nk, max_m)
+
+
+_NATIVE_LIB.impl("int8_gemm", _int8_gemm_loading, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("qlower::int8_gemm")
+def _(x: torch.Tensor, w_nk: torch.Tensor, max_m: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w_nk.shape[0]), dtype=torch.int32)
+
+
+int8_gemm = torch.ops.qlower.int8_gemm.default
 
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
 # cache, or a ctypes-loaded CUDA library: `devices/cuda_cutlass.py` refuses AOTI compiles): they never reach a

@@ -2,10 +2,10 @@
 
 Why a library of its own: `libqlower_ops.so` defines the `qlower` namespace, which qlower's Python also
 defines, so the two must never meet in one process (lowerings/aoti/build.py). The native library registers
-the same kernels (lowerings/kernels/csrc/woq_gemm.cpp) under the private namespace `qlower_native` instead,
-and in `qlower` only the CPU kernel of `qlower::woq_int8_gemm`, whose schema qlower's Python defines
-(lowerings/kernels/custom_ops.py). It is built in a child process (lowerings/kernels/cpp_build.py,
-`native_library`), cached on disk by content, and loaded once per process.
+the same kernels (lowerings/kernels/csrc/woq_gemm.cpp, int8_gemm.cpp) under the private namespace
+`qlower_native` instead, and in `qlower` only the CPU kernels of `qlower::woq_int8_gemm` and `qlower::int8_gemm`,
+whose schemas qlower's Python defines (lowerings/kernels/custom_ops.py). It is built in a child process
+(lowerings/kernels/cpp_build.py, `native_library`), cached on disk by content, and loaded once per process.
 
 Every library qlower builds registers through a gate (cpp_build.py, `_GATE_HEADER`): loaded where its operators
 are already registered, it registers nothing and keeps the reason, where an ungated library would abort the
@@ -114,3 +114,9 @@ def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True) -> str:
     weight) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the kernel's own decision
     (`plan_call` in csrc/woq_gemm.cpp), honouring QLOWER_CPU_WOQ_GEMM_PATH and QLOWER_CPU_WOQ_ISA."""
     return ops().woq_int8_gemm_plan(m, dtype, nk)
+
+
+def int8_gemm_isa() -> str:
+    """The ISA level qlower::int8_gemm's own kernels run at on this CPU ("avx512_vnni", "avx512", "avx2",
+    "scalar"), honouring QLOWER_CPU_INT8_GEMM_ISA (csrc/int8_gemm.cpp)."""
+    return ops().int8_gemm_isa()
