@@ -35,14 +35,15 @@ PASS_ENV = ("QLOWER_AOTI_SHIMS",)
 
 
 def _source_files() -> tuple[str, ...]:
-    """Every source file of qlower's rooms and its face (found by spec: nothing here imports the face)."""
+    """Every source file of qlower's packages, the public API included (found by spec: nothing here imports
+    the public API package `qlower`)."""
     import qlower.lowerings
     import qlower.passes
     import qlower.patterns
 
-    face = importlib.util.find_spec("qlower")
+    public = importlib.util.find_spec("qlower")
     roots = {Path(m.__file__).parent for m in (qlower.passes, qlower.patterns, qlower.lowerings)}
-    roots |= {Path(p) for p in (face.submodule_search_locations or [])} if face else set()
+    roots |= {Path(p) for p in (public.submodule_search_locations or [])} if public else set()
     return tuple(sorted(str(p) for root in roots for p in root.rglob("*.py")))
 
 

@@ -12,7 +12,7 @@ tests/test_report_cache.py).
 A row names the module its linear came from (`module`: the innermost entry of the `nn_module_stack` Dynamo
 keeps in each node's meta, as a qualified name such as `layers.3.mlp.down_proj`), prints a symbolic M as its
 range (`2..inf`), and shows one short reason; `Report.table(full=True)` and `Report.explain(i)` give the whole
-text (tests/test_face.py).
+text (tests/test_first_use.py).
 """
 
 from __future__ import annotations
@@ -251,7 +251,8 @@ def shape_label(shape: Any) -> str:
 
 
 REASON_WIDTH = 80
-# What a report says when it holds no decisions for one of two reasons a user cannot see (tests/test_face.py).
+# What a report says when it holds no decisions for one of two reasons a user cannot see
+# (tests/test_first_use.py).
 NO_COMPILE_YET = (
     "qlower's pass has not run in this process yet. torch.compile compiles at the first call of the "
     "compiled callable; HF `generate` calls the model's own forward, so compile that "

@@ -3,8 +3,8 @@
 model = torch.compile(model, options=qlower.inductor_options())
 print(qlower.last_report())
 
-Importing qlower loads none of its rooms: each public name loads its module at first use (PEP 562), so
-`import qlower.patterns` loads the ground floor alone (tests/test_layout.py). qlower's built-in backends, and
+Importing qlower loads none of its sub-packages: each public name loads its module at first use (PEP 562),
+so `import qlower.patterns` loads the device-free patterns package alone (tests/test_layout.py). qlower's built-in backends, and
 with them its torch ops (`torch.ops.qlower.*`), load at the registry's first use: a compile with
 `inductor_options()`, `register_backend`, or `load_ops()` for a process that only runs what qlower compiled.
 """

@@ -17,7 +17,7 @@ Family modules: `scripts/bench_<family>.py` (next to this file) define
                                        optional GRID_M_CUDA: the M values of --device cuda (default GRID_M)
     make_weights(k, n, device, seed) -> dict[str, Tensor]
                                        one weight set; key "bf16" is the unquantized [N, K] weight
-    quant_bytes(k, n) -> int           bytes a kernel must read for the quantized weight (the memory floor)
+    quant_bytes(k, n) -> int           bytes a kernel must read for the quantized weight (the memory bound)
     VARIANTS: dict[str, (fn, mode)]    fn(x [1, M, K], weights) -> y [1, M, N]; mode None = eager,
                                        "stock" = torch.compile, "qlower" = torch.compile with qlower.
                                        Must hold "bf16" (the baseline), "stock" and "qlower"; the eager run of
@@ -254,7 +254,7 @@ def time_cuda(call: Callable[[int], object], budget_s: float, rotate: int) -> li
 
 
 def memory_bandwidth(device: str) -> tuple[float, str]:
-    """Bytes/s for the memory floor, and where the number comes from."""
+    """Bytes/s for the memory bound, and where the number comes from."""
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(device)
         for key, bw in GPU_PEAK_BW.items():
@@ -419,7 +419,7 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
         "qlower vs bf16",
         "vs stock",
         "vs best of " + "/".join(alts),
-        "floor",
+        "bound",
         *(["dynamic M vs static"] if dyn else []),
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -434,14 +434,14 @@ def table(results: list[Result], mod: ModuleType, bandwidth: float) -> str:
             else:
                 cells.append(f"{_fmt_result(row[v])} ({t['bf16'] / t[v]:.2f}×)")
         q = t["qlower"]
-        floor_s = mod.quant_bytes(k, n) / bandwidth
+        bound_s = mod.quant_bytes(k, n) / bandwidth
         best_alt = min(t[v] for v in alts if v in t)
         cells += [
             row["qlower"].lowering or "",
             f"{t['bf16'] / q:.2f}×",
             f"{t['stock'] / q:.2f}×",
             f"{best_alt / q:.2f}×",
-            f"{100 * floor_s / q:.0f}%",
+            f"{100 * bound_s / q:.0f}%",
         ]
         if dyn:
             cells.append(f"{q / t['qlower_dynamic']:.2f}×" if "qlower_dynamic" in t else "—")
@@ -525,7 +525,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
         "--dynamic", action="store_true", help="also qlower compiled once with a symbolic M (qlower_dynamic)"
     )
     p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per measurement")
-    p.add_argument("--bandwidth-gbs", type=float, default=None, help="memory bandwidth for the floor, GB/s")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="memory bandwidth for the bound, GB/s")
     p.add_argument(
         "--replot", metavar="JSON", help="no measuring: rewrite .md/.png from an earlier run's .json"
     )

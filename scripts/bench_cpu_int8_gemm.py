@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import qlower
 
-qlower.load_ops()  # registers torch.ops.qlower.* (and the native library's torch.ops.qlower_native.*)
+qlower.load_ops()  # registers torch.ops.qlower.*; the first int8_gemm call loads torch.ops.qlower_native
 
 EVERY_M = 1 << 30  # int8_gemm's max_m: its own kernels at every M measured
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.ops.qlower.int8_gemm(torch.zeros(1, 8, dtype=torch.int8), torch.zeros(1, 8, dtype=torch.int8), 1)
     print(
         f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, "
         f"int8_gemm level {torch.ops.qlower_native.int8_gemm_isa()}, torch {torch.__version__}"

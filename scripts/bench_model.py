@@ -29,7 +29,7 @@ symbolic batch, as a serving loop does; prefill after a prefill of half the leng
 compiled with Inductor's C++ wrapper, which launches kernels from C++ (default mode's host cost).
 `--kernel-split` (CUDA): after timing, each row profiles 10 more steps and splits their GPU time per step into
 matmul kernels (cuBLAS's, Inductor's GEMM templates and qlower's Triton kernels) and everything else (attention,
-norms, RoPE, casts, and a dequantize Inductor fuses on its own); the HBM floor of the weight bytes is then
+norms, RoPE, casts, and a dequantize Inductor fuses on its own); the HBM bound of the weight bytes is then
 also given against the matmul time alone, which says how much of a step the weight format can still win.
 
 Timing: after the compile call and `--warmup` calls, `--reps` steps (at least 20 on CUDA). CUDA with graphs:
@@ -38,8 +38,9 @@ before and after each step). Each time comes with its spread over the steps (`±
 median); a WARNING line under the header says when a spread passes 15 % or the load average passed the CPU
 count while timing. Every row checks the compiled output against the same model in eager
 (REL_TOL). Rows: time per step, tokens/s, ratio to bf16 of the same workload, mode and graphs setting, the
-fraction of the variant's HBM floor (its weight bytes / `--hbm-tbps`, CUDA only), and qlower's report summary
-(linears lowered, kernels). A failure or a linear left alone goes in the note column; exit status 1 then.
+variant's HBM bound as a fraction of the step (its weight bytes / `--hbm-tbps`, CUDA only), and qlower's
+report summary (linears lowered, kernels). A failure or a linear left alone goes in the note column; exit
+status 1 then.
 Writes model_<device>[_tp<N>].md / .json / .png to `--out` (default: `bench-out/` in the current folder, as
 scripts/bench.py; the committed tables are refreshed on purpose with `--out benchmarks`), and rewrites the .md /
 .json after each variant, so a run cut short keeps its finished rows. `--replot JSON` rewrites the .md and
@@ -428,7 +429,7 @@ def tp_world(tp: int | None, device: str) -> Iterator[tuple[TP, str]]:
 
 
 def weight_bytes(cfg: Config, quant: str, world: int) -> int:
-    """Bytes of quantized weights one rank reads per step (the HBM floor's numerator)."""
+    """Bytes of quantized weights one rank reads per step (the HBM bound's numerator)."""
     _, per_elem, per_row, _ = QUANTS[quant]
     hd = cfg.head_dim
     total = 0.0
@@ -487,7 +488,7 @@ class Row:
     tokens_per_s: float | None = None
     vs_bf16: float | None = None
     weight_bytes: int = 0
-    hbm_floor: float | None = None  # floor time / step time (CUDA)
+    hbm_bound: float | None = None  # weight bytes / HBM bandwidth, over the step time (CUDA)
     gpu_matmul_s: float | None = None  # --kernel-split: matmul kernels' GPU time per step
     gpu_other_s: float | None = None  # --kernel-split: every other kernel's GPU time per step
     rel_err: float | None = None
@@ -663,7 +664,7 @@ def run_row(
     row.seconds, row.spread, row.min_seconds, row.reps = timing.median, timing.spread, min(times), len(times)
     row.tokens_per_s = wl.batch * wl.tokens / row.seconds
     if device.startswith("cuda"):
-        row.hbm_floor = row.weight_bytes / (args.hbm_tbps * 1e12) / row.seconds
+        row.hbm_bound = row.weight_bytes / (args.hbm_tbps * 1e12) / row.seconds
         if args.kernel_split:
             row.gpu_matmul_s, row.gpu_other_s = kernel_split(lambda: fn(x, wl.start), row.cudagraphs)
     row.note = "; ".join(notes)
@@ -854,7 +855,7 @@ def table(rows: list[Row]) -> str:
             out.append(f"| {wl} | " + " | ".join(cells) + " |")
         out.append("")
     split = any(r.gpu_matmul_s is not None for r in rows)
-    split_head = ["GPU: matmuls", "GPU: other", "HBM floor / matmuls"] if split else []
+    split_head = ["GPU: matmuls", "GPU: other", "HBM bound / matmuls"] if split else []
     head = [
         "variant",
         "workload",
@@ -863,7 +864,7 @@ def table(rows: list[Row]) -> str:
         "step",
         "tokens/s",
         "vs bf16",
-        "HBM floor",
+        "HBM bound",
         *split_head,
         "compiles",
         "compile s",
@@ -881,7 +882,7 @@ def table(rows: list[Row]) -> str:
             _fmt_step(r),
             f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "—",
             f"{r.vs_bf16:.2f}×" if r.vs_bf16 else "—",
-            f"{r.hbm_floor:.2f}" if r.hbm_floor is not None else "—",
+            f"{r.hbm_bound:.2f}" if r.hbm_bound is not None else "—",
             *(_split_cells(r) if split else []),
             str(r.graphs_compiled),
             f"{r.compile_s:.1f}" if r.compile_s is not None else "—",
@@ -895,8 +896,8 @@ def table(rows: list[Row]) -> str:
 def _split_cells(r: Row) -> list[str]:
     if r.gpu_matmul_s is None or r.gpu_other_s is None:
         return ["—", "—", "—"]
-    floor = r.hbm_floor * r.seconds / r.gpu_matmul_s if r.hbm_floor and r.seconds and r.gpu_matmul_s else None
-    return [_fmt_time(r.gpu_matmul_s), _fmt_time(r.gpu_other_s), f"{floor:.2f}" if floor else "—"]
+    bound = r.hbm_bound * r.seconds / r.gpu_matmul_s if r.hbm_bound and r.seconds and r.gpu_matmul_s else None
+    return [_fmt_time(r.gpu_matmul_s), _fmt_time(r.gpu_other_s), f"{bound:.2f}" if bound else "—"]
 
 
 def plot(rows: list[Row], title: str, path: Path) -> Path | None:
@@ -1018,7 +1019,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="CPU: keep timing a row while under this many s (default 1; small 0.5)",
     )
-    p.add_argument("--hbm-tbps", type=float, default=4.8, help="peak HBM bandwidth for the floor (H200: 4.8)")
+    p.add_argument("--hbm-tbps", type=float, default=4.8, help="peak HBM bandwidth for the bound (H200: 4.8)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel world size (run under torchrun)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument(
@@ -1067,13 +1068,18 @@ def cold_caches() -> None:
     torch._inductor.config.force_disable_caches = True
 
 
+def _renamed_keys(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of an earlier run's JSON under today's field names (`hbm_floor` was `hbm_bound`'s old name)."""
+    return {("hbm_bound" if k == "hbm_floor" else k): v for k, v in row.items()}
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     out = Path(args.out)
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
-        meta, rows = data["meta"], [Row(**r) for r in data["rows"]]
+        meta, rows = data["meta"], [Row(**_renamed_keys(r)) for r in data["rows"]]
     else:
         if args.cold:
             cold_caches()

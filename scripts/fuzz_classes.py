@@ -51,7 +51,7 @@ from torch import nn
 
 import qlower
 
-fmt = mx_models.fmt  # the MX format helpers, through the tests' models (scripts use qlower's face only)
+fmt = mx_models.fmt  # the MX format helpers, through the tests' models (scripts use qlower's public API only)
 # The reason woq_int8 gives a dynamic-int8 linear it leaves to dynamic_int8 (qlower/patterns/woq_int8.py).
 DYNAMIC_ACTIVATION_WORDS = ("activation is a dequantized int8 tensor", "dynamic_int8")
 

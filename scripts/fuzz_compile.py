@@ -242,7 +242,8 @@ WRITE_APIS = (
     "numpy",
 )
 WRITE_TARGETS = {"woq_int8": ("w", "s"), "dynamic_int8": ("q", "s"), "mx": ("q", "e")}  # (weight, its scale)
-PREPACK_SHAPES = ((2048, 2048), (4096, 1024), (1024, 4096))  # (K, N): K*N = 2^22, the cached qlinear's floor
+# (K, N) with K*N = 2^22: the smallest weights qlower's cached qlinear (the prepack cache) takes
+PREPACK_SHAPES = ((2048, 2048), (4096, 1024), (1024, 4096))
 MX_EXTREMES = (("fp32_matmul", "large"), ("f16_dequant", "large"), ("f16_dequant", "tiny"))
 
 

@@ -363,16 +363,16 @@ def fmt_row(r: dict[str, Any]) -> str:
         v = r.get(key)
         return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
-    floor = r["n"] * r["k"] / 4.8e6  # int8 weight bytes / 4.8 TB/s, in us
+    bound = r["n"] * r["k"] / 4.8e6  # int8 weight bytes / 4.8 TB/s, in us
     return (f"| {r['family']} | {r['m']} | {r['k']}->{r['n']} | {us('bf16_us')} | {us('stock_us')} | {us('qlower_us')} | "
             f"{us('qlower_dyn_us')} | {_ratio(r.get('bf16_us'), r.get('qlower_us'))} | "
-            f"{_ratio(r.get('stock_us'), r.get('qlower_us'))} | {floor / r['qlower_us'] if r.get('qlower_us') else 0:.2f} | "
+            f"{_ratio(r.get('stock_us'), r.get('qlower_us'))} | {bound / r['qlower_us'] if r.get('qlower_us') else 0:.2f} | "
             f"{r.get('qlower_lowering', '-')} |")  # fmt: skip
 
 
 TABLE_HEAD = (
     "| family | M | K->N | bf16 F.linear us | stock compile us | qlower us | qlower dyn-M us | vs bf16 | vs stock "
-    "| int8 HBM floor / qlower | lowering |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| int8 HBM bound / qlower | lowering |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

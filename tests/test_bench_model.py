@@ -109,7 +109,7 @@ def test_variant_names() -> None:
 
 
 def test_weight_bytes_of_llama3_8b_layers() -> None:
-    """The HBM floor's bytes: one Llama-3-8B layer is 436 MB in bf16 (qkv 6144, o 4096, gate/up 28672 rows of
+    """The HBM bound's bytes: one Llama-3-8B layer is 436 MB in bf16 (qkv 6144, o 4096, gate/up 28672 rows of
     4096; down 4096 rows of 14336); int8 halves it plus a bf16 scale per row; TP=2 halves the elements."""
     bm = _load()
     elems = 6144 * 4096 + 4096 * 4096 + 28672 * 4096 + 4096 * 14336

@@ -1,5 +1,6 @@
-"""The house rules of the layout (README "Layout"), checked on the sources: which room may import which, and no
-import cycles among module-level imports; and in fresh processes, what importing a room loads and registers."""
+"""The house rules of the layout (README "Layout"), checked on the sources: which package may import which,
+and no import cycles among module-level imports; and in fresh processes, what importing a package loads and
+registers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = {
+PACKAGES = {
     "qlower": "qlower",
     "passes": "qlower.passes",
     "patterns": "qlower.patterns",
@@ -26,16 +27,16 @@ PATTERNS_FOR_LOWERINGS = {
     "qlower.patterns.graph_utils",
     "qlower.patterns.mx_format",
 }
-FACE_OK = {
+PUBLIC_API_OK = {
     "qlower.lowerings",
     "qlower.passes",
     "qlower.patterns",
-}  # what the face's siblings may import of qlower
+}  # what the public API's sibling packages may import of qlower
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for folder, pkg in ROOMS.items():
+    for folder, pkg in PACKAGES.items():
         for path in (ROOT / folder).rglob("*.py"):
             parts = [*pkg.split("."), *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
@@ -144,12 +145,12 @@ def test_emit_asks_no_device_rules():
     assert not bad
 
 
-def test_nothing_inside_imports_the_face():
-    """passes/, patterns/, lowerings/ never import the root package or qlower/'s face modules."""
+def test_nothing_inside_imports_the_public_api():
+    """passes/, patterns/, lowerings/ never import the root package or qlower/'s public API modules."""
     mods = _modules()
-    face = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
+    public = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
     bad = {
-        name: sorted(m for m in _imports(p, False) if m in face)
+        name: sorted(m for m in _imports(p, False) if m in public)
         for name, p in mods.items()
         if not p.is_relative_to(ROOT / "qlower")
     }
@@ -204,25 +205,26 @@ def test_no_import_cycles():
 
 
 def test_scripts_use_only_public_names():
-    """scripts/ import qlower's face (the root package and qlower/*.py modules), never a room's internals."""
+    """scripts/ import qlower's public API (the root package and qlower/*.py modules), never a package's
+    internals."""
     mods = _modules()
-    face = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
+    public = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
     bad = {}
     for path in (ROOT / "scripts").glob("*.py"):
-        inner = sorted(m for m in _imports(path, False) if m not in face and not _is_face_attr(m, face))
+        inner = sorted(m for m in _imports(path, False) if m not in public and not _is_public_attr(m, public))
         if inner:
             bad[path.name] = inner
     assert not bad
 
 
-def _is_face_attr(name: str, face: set[str]) -> bool:
-    """`from qlower.tuning import gemv` lists qlower.tuning.gemv: a name of a face module."""
+def _is_public_attr(name: str, public: set[str]) -> bool:
+    """`from qlower.tuning import gemv` lists qlower.tuning.gemv: a name of a public API module."""
     parent = name.rsplit(".", 1)[0]
-    return parent in face
+    return parent in public
 
 
-def test_face_imports_no_room_at_module_level():
-    """qlower/__init__.py binds its public names on first use (PEP 562): importing it imports no room."""
+def test_public_api_imports_no_package_at_module_level():
+    """qlower/__init__.py binds its public names on first use (PEP 562): importing it imports no package."""
     assert not _imports(ROOT / "qlower" / "__init__.py", top_level_only=True)
 
 
@@ -243,16 +245,17 @@ def _run_fresh(script: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["qlower", "qlower.patterns", "qlower.patterns.record"])
-def test_ground_floor_imports_alone(module):
-    """Importing the face or the ground floor loads nothing of the other rooms: no lowering, pass, kernel or
-    face module (and so registers no backend, no torch op and no Inductor work-around)."""
+def test_public_api_and_patterns_import_alone(module):
+    """Importing the public API (the `qlower` package) or the device-free patterns package loads nothing of
+    the other packages: no lowering, pass, kernel or public API module (and so registers no backend, no torch
+    op and no Inductor work-around)."""
     loaded = _run_fresh(f"import {module}")
     assert loaded and all(m == "qlower" or m.startswith("qlower.patterns") for m in loaded), loaded
     if module == "qlower":
         assert loaded == ["qlower"]
 
 
-def test_face_names_resolve_on_first_use():
+def test_public_names_resolve_on_first_use():
     loaded = _run_fresh(
         """
         import qlower
@@ -276,8 +279,8 @@ _REGISTRY_FIRST_USE = """
     from qlower.lowerings import KernelPreference, Lowering, registry
 
     assert not registry._BACKENDS, registry._BACKENDS  # importing the registry registers nothing
-    rooms = ("qlower.lowerings.devices", "qlower.lowerings.emit", "qlower.lowerings.kernels")
-    assert not [m for m in sys.modules if m.startswith(rooms)]
+    packages = ("qlower.lowerings.devices", "qlower.lowerings.emit", "qlower.lowerings.kernels")
+    assert not [m for m in sys.modules if m.startswith(packages)]
     plugin = Lowering("plugin.first", "woq_int8", KernelPreference.EMULATED, lambda r: None, lambda g, r: None)
     FIRST_USE
     print(json.dumps({dev: [lw.name for lw in b.lowerings] for dev, b in registry.backends().items()}))

@@ -650,9 +650,9 @@ PackedX pack_x(const void* xp, int64_t lda, int64_t M, int64_t K) {
   return px;
 }
 
-// Prefetches the `bytes` after `row`'s packed range (the next block's), within the `room` bytes left in the row.
-inline void prefetch_next(const int8_t* row, int64_t bytes, int64_t room) {
-  for (int64_t off = bytes; off < 2 * bytes && off < room; off += 64) {
+// Prefetches the `bytes` after `row`'s packed range (the next block's), within the `remaining` bytes of the row.
+inline void prefetch_next(const int8_t* row, int64_t bytes, int64_t remaining) {
+  for (int64_t off = bytes; off < 2 * bytes && off < remaining; off += 64) {
     __builtin_prefetch(row + off, 0, 3);
   }
 }

@@ -324,7 +324,7 @@ def _dense_above(
 
 
 # The dequantize kernel's tile (N rows x K columns, 4 warps): 46.3 / 46.5 us for a 4096->14336 / 14336->4096
-# weight on sm_90, against 49.0 / 49.0 for 32 x 128 and an HBM floor of 36.7 (read int8, write bf16); nine
+# weight on sm_90, against 49.0 / 49.0 for 32 x 128 and an HBM bound of 36.7 (read int8, write bf16); nine
 # tiles timed (BENCHMARKS.md, "CUDA, woq_int8", large M).
 DEQUANT_TILE = (32, 256)
 

@@ -2,7 +2,7 @@
 
 Why: the word-wise decode GEMV of `decode.py` is bound by conversion instructions, not by HBM. Per 8 e2m1
 elements it issues 4 `cvt.f16x2.e4m3x2` and 8 `cvt.f32.f16`; Hopper retires 16 conversions per SM per clock,
-which predicts 27 us for MXFP4 4096->14336 at M=1 (24.9 us measured) against an 8 us HBM floor. This kernel
+which predicts 27 us for MXFP4 4096->14336 at M=1 (24.9 us measured) against an 8 us HBM bound. This kernel
 decodes e2m1 with 4 integer ops per element pair straight into an f16x2 register (the nibble's bits placed
 under the f16 sign/exponent/mantissa fields: value * 2**-14, 0.5 becomes an f16 subnormal, exact) and
 multiplies on `fma.rn.f16x2`; e4m3 words go through `cvt.rn.f16x2.e4m3x2` (one per two elements). One

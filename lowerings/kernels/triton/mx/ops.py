@@ -239,7 +239,7 @@ BF16_M64_NARROW = DecodeConfig(
 )
 BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=128, swap_ab=True, **_MM)
 # The dequantize tile: 16 rows x 64 words wrote a 4096->14336 / 14336->4096 weight in 40.3 / 40.8 us on sm_90,
-# 32 x 32 in 41.8 / 41.9 (six tiles timed; the HBM floor, e2m1 and scales in, bf16 out, is 31.0)
+# 32 x 32 in 41.8 / 41.9 (six tiles timed; the HBM bound, e2m1 and scales in, bf16 out, is 31.0)
 BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1)
 _BF16_BUCKETS = ((1, 1), (2, 2), (3, 16), (17, 32), (33, 64), (65, 128), (129, None))
 

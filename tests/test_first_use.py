@@ -1,4 +1,5 @@
-"""The face as a newcomer meets it: report rows, the CLI, torchao's KernelPreference, the demo's MX linear.
+"""The public API as a newcomer meets it: report rows, the CLI, torchao's KernelPreference, the demo's MX
+linear.
 
 - A report row names its source module (the innermost entry of Dynamo's `nn_module_stack`, as a qualified
   name), prints a symbolic M as its range, and shows one short reason; the whole text is on demand.
