@@ -465,16 +465,13 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
 
 
 # qlower::int8_gemm (lowerings/kernels/csrc/int8_gemm.cpp): the int8 weight read once as stored (no per-call
-# re-pack), AVX512-VNNI / AVX-512 / AVX2 dot products; `_int_mm` above INT8_GEMM_MAX_M rows. Measured against
-# s8s8 `_int_mm` on the 2-vCPU AMX Xeon (2 threads, one op call each, `_int_mm` us / int8_gemm us; BENCHMARKS.md,
-# "CPU, dynamic_int8: qlower::int8_gemm", has the table and command): M = 1 1.9-3.7x faster (512x512 20/7,
-# 4096x4096 772/345, 4096x14336 2501/1208), M = 2 1.5-2.6x, M = 4 1.1-1.9x, M = 8 0.69-1.13x, M = 16 0.42-0.81x
-# (oneDNN runs AMX tiles there). On VNNI CPUs without AMX `_int_mm` has no tiles either, so the crossover is at
-# least as high; 4 is kept there too.
+# re-pack), AVX512-VNNI / AVX-512 / AVX2 dot products; `_int_mm` above INT8_GEMM_MAX_M rows. Against s8s8
+# `_int_mm` on the 2-vCPU AMX Xeon (2 threads, one op call each; BENCHMARKS.md, "CPU, dynamic_int8:
+# qlower::int8_gemm", has the table and its command): M = 1 1.5-2.7x faster, M = 4 1.1-1.6x, M = 8 0.8-1.05x,
+# M = 16 about 0.5x (oneDNN runs AMX tiles there). On VNNI CPUs without AMX `_int_mm` has no tiles either, so
+# the crossover is at least as high; 4 is kept there too.
 INT8_GEMM_MAX_M = 4
-INT8_GEMM_ISA_ENV = (
-    "QLOWER_CPU_INT8_GEMM_ISA"  # forces the kernels' ISA level (scalar, avx2, avx512, avx512_vnni)
-)
+INT8_GEMM_ISA_ENV = "QLOWER_CPU_INT8_GEMM_ISA"  # forces the kernels' level: scalar, avx2, avx512, avx512_vnni
 
 
 def _supports_int8_gemm(rec: QuantLinear) -> str | None:

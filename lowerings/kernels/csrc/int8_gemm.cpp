@@ -149,14 +149,7 @@ void block_scalar(const Problem& p, int64_t m0, const int8_t* const* rows, int n
 template <int MB>
 __attribute__((target("avx2"))) void block_avx2(const Problem& p, int64_t m0, const int8_t* const* rows, int nb,
                                                   int64_t n0) {
-  __m256i acc[MB][kRows];
-  QLOWER_I8_UNROLL
-  for (int i = 0; i < MB; ++i) {
-    QLOWER_I8_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      acc[i][j] = _mm256_setzero_si256();
-    }
-  }
+  __m256i acc[MB][kRows] = {};  // zero
   const int64_t kv = p.K / 16 * 16;
   for (int64_t k = 0; k < kv; k += 16) {
     __m256i wv[kRows];
@@ -194,14 +187,7 @@ __attribute__((target("avx2"))) void block_avx2(const Problem& p, int64_t m0, co
 template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void block_avx512(const Problem& p, int64_t m0,
                                                                const int8_t* const* rows, int nb, int64_t n0) {
-  __m512i acc[MB][kRows];
-  QLOWER_I8_UNROLL
-  for (int i = 0; i < MB; ++i) {
-    QLOWER_I8_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      acc[i][j] = _mm512_setzero_si512();
-    }
-  }
+  __m512i acc[MB][kRows] = {};  // zero
   for (int64_t k = 0; k < p.K; k += 32) {
     const __mmask32 mk = p.K - k >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (p.K - k)) - 1u);
     __m512i wv[kRows];
@@ -230,14 +216,7 @@ template <int MB>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(const Problem& p, int64_t m0,
                                                                         const int8_t* const* rows, int nb,
                                                                         int64_t n0) {
-  __m512i acc[MB][kRows];
-  QLOWER_I8_UNROLL
-  for (int i = 0; i < MB; ++i) {
-    QLOWER_I8_UNROLL
-    for (int j = 0; j < kRows; ++j) {
-      acc[i][j] = _mm512_setzero_si512();
-    }
-  }
+  __m512i acc[MB][kRows] = {};  // zero
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t k = 0; k < p.K; k += 64) {
     const __mmask64 mk = p.K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (p.K - k)) - 1;
