@@ -11,6 +11,10 @@ The same holds for `F.linear` on a 3-D activation that is not viewable as [B*S, 
 with stride 0): Inductor's decomposition then multiplies `bmm(x, w2d.expand(B, K, N))`, one 2-D weight shared by
 every batch entry. That is `mm(x.reshape(B*S, K), w2d)` viewed back to [B, S, N] (`shared_weight_bmm_to_mm`).
 
+On GPUs with `coordinate_descent_tuning` on (torchao's `quantize_` turns it on) Inductor's `bmm` decomposition
+turns a batch-1 einsum at M = 1 into a 4-D matvec, `sum(a[..., None] * b[:, None], 2)`; it becomes the 2-D
+matvec the `mm` decomposition leaves, the same fp32 products and sum (`batch1_matvec_to_matvec`).
+
 Export's `aten._assert_tensor_metadata` checks go first (`drop_metadata_asserts`): no-ops to Inductor, but
 extra users in the middle of the chains the recognizers walk.
 
@@ -33,7 +37,16 @@ from torch import fx
 
 from qlower.lowerings.emit.common import Emitter
 from qlower.patterns import FAMILIES, dynamic_int8, producers
-from qlower.patterns.graph_utils import aten, is_call, is_static, known_eq, prims, tensor_val
+from qlower.patterns.graph_utils import (
+    MUL_OPS,
+    aten,
+    convert_target_dtype,
+    is_call,
+    is_static,
+    known_eq,
+    prims,
+    tensor_val,
+)
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _UNIT_DIM_OPS = (aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -160,26 +173,99 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     wanted = [n, k] if w_kind == "transpose" else [k, n]
     if not all(known_eq(s, t) for s, t in zip(ws, wanted, strict=True)):
         return False
-    end, chain = _pure_reshape_end(bmm)
     em = Emitter(graph, bmm, mark=False)  # the recognizers must see these nodes
-    x_src = ta[0]
-    xs = _shape(x_src)
-    x2d = x_src if xs is not None and len(xs) == 2 and known_eq(xs[0], m) and known_eq(xs[1], k) else None
-    if x2d is None:
-        x2d = em.call(aten.reshape.default, x_src, list(a.args[1])[1:])  # a copy only if x is not viewable
+    x2d = _activation_2d(em, ta[0], a, m, k)
     w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
-    mm = em.call(aten.mm.default, x2d, w2d)
+    _replace_3d_result(graph, em, bmm, em.call(aten.mm.default, x2d, w2d), a, m, n)
+    return True
+
+
+def _activation_2d(em: Emitter, x_src: fx.Node, view3d: fx.Node, m: Any, k: Any) -> fx.Node:
+    """x [M, K]: `x_src` itself when it has that shape, else its reshape to the 3-D view's last two sizes (a
+    copy only if x is not viewable)."""
+    xs = _shape(x_src)
+    if xs is not None and len(xs) == 2 and known_eq(xs[0], m) and known_eq(xs[1], k):
+        return x_src
+    return em.call(aten.reshape.default, x_src, list(view3d.args[1])[1:])
+
+
+def _replace_3d_result(
+    graph: fx.Graph, em: Emitter, old: fx.Node, new2d: fx.Node, view3d: fx.Node, m: Any, n: Any
+) -> None:
+    """Replace `old` ([1, M, N]) and the pure-reshape chain after it by `new2d` ([M, N]): the chain's end when
+    that is [M, N], a reshape with the end's own shape arguments, or else `old` alone by a [1, M, N] view."""
+    end, chain = _pure_reshape_end(old)
     es = _shape(end)
     if es is not None and len(es) == 2 and known_eq(es[0], m) and known_eq(es[1], n):
-        new_end = mm
-    elif end is not bmm and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
-        new_end = Emitter(graph, end, mark=False).call(aten.reshape.default, mm, list(end.args[1]))
-    else:  # the chain ends in an op without shape arguments (squeeze, say): keep it, replace the bmm alone
-        end = bmm
-        new_end = em.call(aten.reshape.default, mm, [1, *list(a.args[1])[1:2], n])
+        new_end = new2d
+    elif end is not old and is_call(end, _VIEWS):  # emitted next to `end`: its shape arguments exist there
+        new_end = Emitter(graph, end, mark=False).call(aten.reshape.default, new2d, list(end.args[1]))
+    else:  # the chain ends in an op without shape arguments (squeeze, say): keep it, replace `old` alone
+        end = old
+        new_end = em.call(aten.reshape.default, new2d, [1, *list(view3d.args[1])[1:2], n])
     end.replace_all_uses_with(new_end)
-    _redirect_size_reads(em, chain, mm)
+    _redirect_size_reads(em, chain, new2d)
+
+
+def _batch1_matvec(graph: fx.Graph, total: fx.Node) -> bool:
+    """Inductor's `bmm` decomposition of a batch-1, M = 1 einsum under `coordinate_descent_tuning` (GPUs):
+    `sum(a[..., None] * b[:, None], 2)` with a [1, 1, K], b [1, K, N], both upcast to fp32 when bf16 / fp16
+    (`pw_cast_for_opmath`) and the sum cast back. Rewritten as the 2-D form the `mm` decomposition leaves,
+    `sum(x[:, :, None] * w[None], 1)` over the same fp32 operands (the same products and sum over K), which
+    `graph_utils.matmul_site` takes as a matvec. Only for a weight computed in the graph, as `_batch1_bmm`."""
+    if list(total.args[1]) not in ([2], [-2]) or len(total.args) > 2 or total.kwargs:
+        return False
+    prod = total.args[0]
+    if not is_call(prod, MUL_OPS) or len(prod.users) != 1:
+        return False
+    ua, ub = prod.args[:2]
+    if not (is_call(ua, (aten.unsqueeze.default,)) and is_call(ub, (aten.unsqueeze.default,))):
+        return False
+    if ua.args[1] not in (-1, 3) or ub.args[1] != 1 or len(ua.users) != 1 or len(ub.users) != 1:
+        return False
+    a, b = ua.args[0], ub.args[0]
+    av, bv = _shape(a), _shape(b)
+    if av is None or bv is None or len(av) != 3 or len(bv) != 3:
+        return False
+    if not (known_eq(av[0], 1) and known_eq(bv[0], 1) and known_eq(av[1], 1) and known_eq(av[2], bv[1])):
+        return False
+    upcast = convert_target_dtype(a)
+    if upcast != convert_target_dtype(b):
+        return False
+    a0, b0 = (a.args[0], b.args[0]) if upcast is not None else (a, b)
+    if not (is_call(a0, _VIEWS) and len(a0.args[1]) == 3):
+        return False  # the activation's [1, 1, K] shape arguments are reused for x's 2-D view
+    ta, tb = _trace(a0), _trace(b0)
+    if ta is None or tb is None or ta[1] != "reshape" or tb[0].op != "call_function":
+        return False
+    w_src, w_kind = tb
+    k, n = av[2], bv[2]
+    if not _same_shape(_shape(w_src), [n, k] if w_kind == "transpose" else [k, n]):
+        return False
+    out = total
+    (user,) = total.users if len(total.users) == 1 else (None,)
+    if convert_target_dtype(user) is not None:
+        out = user  # the cast back to the operands' dtype
+    em = Emitter(graph, total, mark=False)  # the recognizers must see these nodes
+    x2d = _activation_2d(em, ta[0], a0, 1, k)
+    w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
+    if upcast is not None:
+        x2d = em.call(prims.convert_element_type.default, x2d, upcast)
+        w2d = em.call(prims.convert_element_type.default, w2d, upcast)
+    prod2d = em.call(
+        aten.mul.Tensor, em.call(aten.unsqueeze.default, x2d, 2), em.call(aten.unsqueeze.default, w2d, 0)
+    )
+    new = em.call(aten.sum.dim_IntList, prod2d, [1])
+    if out is not total:
+        new = Emitter(graph, out, mark=False).call(prims.convert_element_type.default, new, out.args[1])
+    _replace_3d_result(graph, em, out, new, a0, 1, n)
     return True
+
+
+def batch1_matvec_to_matvec(graph: fx.Graph) -> int:
+    """Rewrite every decomposed batch-1 matvec `bmm` (`_batch1_matvec`) as the decomposed 2-D `mm`; returns
+    how many."""
+    return _rewrite_each(graph, aten.sum.dim_IntList, _batch1_matvec)
 
 
 def _expanded_2d(operand: Any) -> fx.Node | None:
@@ -273,12 +359,12 @@ def drop_metadata_asserts(graph: fx.Graph) -> int:
 
 
 def canonicalize(graph: fx.Graph, families: Collection[str] = tuple(FAMILIES)) -> int:
-    """Every rewrite of this module, in order; returns how many `bmm`s became `mm`. Producer ops are
+    """Every rewrite of this module, in order; returns how many `bmm`s became `mm` (or a 2-D matvec). Producer ops are
     decomposed for the enabled `families` only: a family that is off leaves the producer's kernel."""
     drop_metadata_asserts(graph)
     decompose_producer_ops(graph, families)
     converts_above_expands(graph)
-    return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph)
+    return einsum_to_mm(graph) + shared_weight_bmm_to_mm(graph) + batch1_matvec_to_matvec(graph)
 
 
 class _Recording(Emitter):

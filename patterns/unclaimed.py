@@ -112,8 +112,9 @@ def _product(node: fx.Node) -> Rejection | None:
 
 def _matvec(node: fx.Node) -> Rejection | None:
     """A row for a matrix-vector product decomposed to `sum(a * b, dim)` with quantized data on one side:
-    `w.to(dtype) @ x` for a 1-D x is `(w * x).sum(1)`, and Inductor's M = 1 decomposition of `addmm` is
-    `(x.T * w.T).sum(0, keepdim=True)`, which no recognizer takes."""
+    `w.to(dtype) @ x` for a 1-D x is `(w * x).sum(1)`, Inductor's M = 1 decomposition of `addmm` is
+    `(x.T * w.T).sum(0, keepdim=True)`, and of a `bmm` with M = 1 (a stacked-experts einsum, say)
+    `(a[..., None] * b[:, None]).sum(2)` over a 4-D product: no recognizer takes these."""
     if not is_call(node, (aten.sum.dim_IntList,)) or len(node.args[1]) != 1:
         return None
     prod = node.args[0]
@@ -122,14 +123,17 @@ def _matvec(node: fx.Node) -> Rejection | None:
     a, b = prod.args[:2]
     qa, qb = quantized_source(a), quantized_source(b)
     pv, out = tensor_val(prod), tensor_val(node)
-    if (qa is None and qb is None) or pv is None or out is None or pv.dim() != 2:
+    if (qa is None and qb is None) or pv is None or out is None or pv.dim() < 2:
         return None
     storage = qb if qb is not None else qa
     assert storage is not None
     what = f"{str(storage.dtype).removeprefix('torch.')}{_dims(storage)}"
-    kdim = node.args[1][0] % 2
-    k, n = pv.shape[kdim], pv.shape[1 - kdim]
+    kdim = node.args[1][0] % pv.dim()
+    k, n = pv.shape[kdim], pv.shape[-2 if kdim == pv.dim() - 1 else -1]
+    rows = out.numel() // n if isinstance(out.numel(), int) and isinstance(n, int) and n else 1
     x = b if qa is not None and qb is None else a
+    if is_call(x, (aten.unsqueeze.default,)):
+        x = x.args[0]
     xv = tensor_val(x)
     if convert_target_dtype(x) is not None and tensor_val(x.args[0]) is not None:  # the fp32 upcast of x
         xv = tensor_val(x.args[0])
@@ -142,9 +146,9 @@ def _matvec(node: fx.Node) -> Rejection | None:
     else:
         reason = (
             f"a matrix-vector product of quantized data ({what}) decomposed to sum(a * b) over K (Inductor's "
-            "M = 1 form of mm / addmm): no recognizer takes this form, so Inductor computes it as written"
+            "M = 1 form of mm / addmm / bmm): no recognizer takes this form, so Inductor computes it as written"
         )
-    return Rejection(_family(qa, qb), node, reason, out.device, dtype, (1, k, n))
+    return Rejection(_family(qa, qb), node, reason, out.device, dtype, (rows, k, n))
 
 
 def find_unclaimed(

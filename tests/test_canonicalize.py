@@ -211,3 +211,85 @@ def test_scale_converted_after_its_expand_is_lowered(m):
     out = torch.compile(f, options=qlower.inductor_options())(x).double()
     ref = _reference(x)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def _fake_cuda_decomposed(f, *tensors: torch.Tensor) -> torch.fx.GraphModule:
+    """`f` traced as Inductor's decompositions leave it on a GPU with `coordinate_descent_tuning` on (torchao's
+    `quantize_` turns it on): a `bmm` with M = 1 becomes `sum(a[..., None] * b[:, None], 2)` in fp32."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch._inductor.config.patch(coordinate_descent_tuning=True), FakeTensorMode():
+        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
+        return make_fx(f, decomposition_table=select_decomp_table())(*fakes)
+
+
+def _run_on_cpu(gm: torch.fx.GraphModule, *args: torch.Tensor) -> torch.Tensor:
+    """The traced graph's arithmetic on CPU tensors (its ops name no device)."""
+    gm.recompile()
+    return gm(*args)
+
+
+@pytest.mark.parametrize("x_shape", [(1, K), (1, 1, K)], ids=["mk", "bsk"])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_decomposed_batch1_matvec_einsum_is_recognized(x_shape, dtype):
+    """An einsum linear at M = 1 on a GPU reaches the pass as the `bmm` decomposition's 4-D matvec (the fuzz's
+    `matvec=decomposed` einsum case had no report row). Canonicalized to the 2-D matvec, it is one record
+    like the M = 2 einsum's, and the rewritten graph computes what the decomposed one did."""
+    import copy
+
+    from qlower.passes.canonicalize import batch1_matvec_to_matvec, canonicalize
+    from qlower.patterns import woq_int8
+    from qlower.patterns.graph_utils import tensor_val
+
+    def f(x, w, s):
+        return torch.einsum("...k,nk->...n", x, w.to(x.dtype)) * s
+
+    s = S.to(dtype)
+    gm = _fake_cuda_decomposed(f, torch.empty(x_shape, dtype=dtype), W, s)
+    assert "aten.sum" in graph_summary(gm) and "aten.bmm" not in graph_summary(gm)
+    before = copy.deepcopy(gm)
+    assert batch1_matvec_to_matvec(gm.graph) == 1
+    canonicalize(gm.graph)  # idempotent: nothing left to rewrite
+    (rec,) = woq_int8.find(gm.graph)
+    assert rec.matmul == "matvec" and (rec.m, rec.k, rec.n) == (1, K, N), rec
+    assert tensor_val(rec.x).dtype == dtype and rec.compute_dtype == dtype and rec.weight_layout == "NK"
+    two = _fake_cuda_decomposed(f, torch.empty((2, *x_shape[1:]), dtype=dtype), W, s)
+    canonicalize(two.graph)
+    (rec2,) = woq_int8.find(two.graph)
+    assert rec2.matmul == "mm" and (rec2.scale_site, rec2.scale_cast) == (rec.scale_site, rec.scale_cast)
+
+    x = torch.randn(x_shape, dtype=dtype)
+    got, want = _run_on_cpu(gm, x, W, s), _run_on_cpu(before, x, W, s)
+    assert got.shape == want.shape == (*x_shape[:-1], N) and got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    exact = (x.double().reshape(-1, K) @ W.double().t()).reshape(got.shape) * s.double()
+    torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=2e-2)  # one fp32 sum, two roundings
+
+
+def test_decomposed_matvec_of_a_float_weight_input_is_left_alone():
+    """A float einsum between graph inputs is no quantized linear: the decomposed matvec stays as Inductor
+    left it (rewriting it would only change stock code)."""
+    from qlower.passes.canonicalize import batch1_matvec_to_matvec
+
+    gm = _fake_cuda_decomposed(lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.empty(1, K, dtype=BF16),
+                               torch.empty(N, K, dtype=BF16))  # fmt: skip
+    assert batch1_matvec_to_matvec(gm.graph) == 0
+
+
+def test_stacked_expert_matvec_left_alone_has_a_report_row():
+    """A decomposed M = 1 product of quantized data that no recognizer takes (a stacked-experts einsum, whose
+    weight is 3-D) is reported, never skipped silently: one row naming the family, K and the form."""
+    from qlower.passes.canonicalize import canonicalize
+    from qlower.patterns.unclaimed import find_unclaimed
+
+    def f(x, w, s):
+        return torch.einsum("mk,enk->emn", x, w.to(x.dtype)) * s.unsqueeze(1)
+
+    gm = _fake_cuda_decomposed(f, torch.empty(1, K, dtype=BF16), torch.empty(3, N, K, dtype=torch.int8),
+                               torch.empty(3, N, dtype=BF16))  # fmt: skip
+    canonicalize(gm.graph)
+    (row,) = find_unclaimed(gm.graph, [], ["woq_int8"])
+    assert row.family == "woq_int8" and row.shape[1] == K and row.dtype == BF16, row
+    assert "decomposed to sum(a * b)" in row.reason and "bmm" in row.reason, row.reason
