@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import woq_models
 from expecttest import TestCase
 
 import qlower
@@ -27,6 +28,7 @@ def _woq_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 W, S = _woq_weights()
+FORMS_WOQ = woq_models.FORMS
 FORMS = {
     "mk,nk": (lambda x: torch.einsum("mk,nk->mn", x, W.to(BF16)) * S, (6, K)),
     "bsk,nk": (lambda x: torch.einsum("bsk,nk->bsn", x, W.to(BF16)) * S, (2, 3, K)),
@@ -293,3 +295,42 @@ def test_stacked_expert_matvec_left_alone_has_a_report_row():
     (row,) = find_unclaimed(gm.graph, [], ["woq_int8"])
     assert row.family == "woq_int8" and row.shape[1] == K and row.dtype == BF16, row
     assert "decomposed to sum(a * b)" in row.reason and "bmm" in row.reason, row.reason
+
+
+_INDEXING_NEEDS_CUDA_BUILD = pytest.mark.skipif(
+    not torch.backends.cuda.is_built(),
+    reason="`s[:, None]` on a fake CUDA tensor needs a CUDA build of torch (the GPU suite runs it)",
+)
+
+
+@pytest.mark.parametrize("rank", [2, 3, 4])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "form",
+    [pytest.param(f, marks=_INDEXING_NEEDS_CUDA_BUILD) if f == "scale_first" else f for f in FORMS_WOQ],
+)
+def test_every_woq_form_at_m1_decomposed_on_a_gpu_is_one_record(form, bias, rank):
+    """The class behind the einsum case: every woq form users write (tests/woq_models.py), over an activation
+    of 2 to 4 dims with one row, as a GPU's decompositions leave it under `coordinate_descent_tuning`
+    (`mm`'s 2-D and `bmm`'s 4-D matvec, or a plain product), is one matvec / mm record after canonicalize, and
+    the canonicalized graph computes exactly what the decomposed one did (run on CPU)."""
+    import copy
+
+    from qlower.passes.canonicalize import canonicalize
+    from qlower.patterns import woq_int8
+
+    dtype = torch.float16
+    mod = woq_models.WoqLinear(K, N, dtype, form=form, bias=bias)
+    params = dict(mod.named_parameters())
+
+    def f(x, *tensors):
+        return torch.func.functional_call(mod, dict(zip(params, tensors, strict=True)), (x,))
+
+    x = torch.randn((1,) * (rank - 1) + (K,), dtype=dtype)
+    gm = _fake_cuda_decomposed(f, x, *params.values())
+    before = copy.deepcopy(gm)
+    canonicalize(gm.graph)
+    (rec,) = woq_int8.find(gm.graph)
+    assert (rec.m, rec.k, rec.n) == (1, K, N) and rec.matmul in ("matvec", "mm", "addmm"), rec
+    got, want = _run_on_cpu(gm, x, *params.values()), _run_on_cpu(before, x, *params.values())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
