@@ -160,24 +160,31 @@ def _batch1_bmm(graph: fx.Graph, bmm: fx.Node) -> bool:
     av, bv = _shape(a), _shape(b)
     if av is None or bv is None or len(av) != 3 or not known_eq(av[0], 1) or not known_eq(bv[0], 1):
         return False
-    if not (is_call(a, _VIEWS) and len(a.args[1]) == 3):
-        return False  # the activation's [1, M, K] shape arguments are reused for x's 2-D view
-    ta, tb = _trace(a), _trace(b)
-    if ta is None or tb is None or ta[1] != "reshape" or tb[0].op != "call_function":
-        return False
-    w_src, w_kind = tb
-    ws = _shape(w_src)
-    if ws is None or len(ws) != 2:
-        return False
     m, k, n = av[1], av[2], bv[2]
-    wanted = [n, k] if w_kind == "transpose" else [k, n]
-    if not all(known_eq(s, t) for s, t in zip(ws, wanted, strict=True)):
+    operands = _batch1_operands(a, b, k, n)
+    if operands is None:
         return False
+    x_src, w_src, w_kind = operands
     em = Emitter(graph, bmm, mark=False)  # the recognizers must see these nodes
-    x2d = _activation_2d(em, ta[0], a, m, k)
+    x2d = _activation_2d(em, x_src, a, m, k)
     w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
     _replace_3d_result(graph, em, bmm, em.call(aten.mm.default, x2d, w2d), a, m, n)
     return True
+
+
+def _batch1_operands(a: Any, b: Any, k: Any, n: Any) -> tuple[fx.Node, fx.Node, str] | None:
+    """(x's source, the weight's 2-D source, "reshape" | "transpose") when `a` is a [1, M, K] view of the
+    activation (its shape arguments are reused for x's 2-D view) and `b` [1, K, N] a 2-D weight computed in
+    the graph, reshaped or transposed; else None."""
+    if not (is_call(a, _VIEWS) and len(a.args[1]) == 3):
+        return None
+    ta, tb = _trace(a), _trace(b)
+    if ta is None or tb is None or ta[1] != "reshape" or tb[0].op != "call_function":
+        return None
+    w_src, w_kind = tb
+    if not _same_shape(_shape(w_src), [n, k] if w_kind == "transpose" else [k, n]):
+        return None
+    return ta[0], w_src, w_kind
 
 
 def _activation_2d(em: Emitter, x_src: fx.Node, view3d: fx.Node, m: Any, k: Any) -> fx.Node:
@@ -233,21 +240,17 @@ def _batch1_matvec(graph: fx.Graph, total: fx.Node) -> bool:
     if upcast != convert_target_dtype(b):
         return False
     a0, b0 = (a.args[0], b.args[0]) if upcast is not None else (a, b)
-    if not (is_call(a0, _VIEWS) and len(a0.args[1]) == 3):
-        return False  # the activation's [1, 1, K] shape arguments are reused for x's 2-D view
-    ta, tb = _trace(a0), _trace(b0)
-    if ta is None or tb is None or ta[1] != "reshape" or tb[0].op != "call_function":
-        return False
-    w_src, w_kind = tb
     k, n = av[2], bv[2]
-    if not _same_shape(_shape(w_src), [n, k] if w_kind == "transpose" else [k, n]):
+    operands = _batch1_operands(a0, b0, k, n)
+    if operands is None:
         return False
+    x_src, w_src, w_kind = operands
     out = total
     (user,) = total.users if len(total.users) == 1 else (None,)
     if convert_target_dtype(user) is not None:
         out = user  # the cast back to the operands' dtype
     em = Emitter(graph, total, mark=False)  # the recognizers must see these nodes
-    x2d = _activation_2d(em, ta[0], a0, 1, k)
+    x2d = _activation_2d(em, x_src, a0, 1, k)
     w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src
     if upcast is not None:
         x2d = em.call(prims.convert_element_type.default, x2d, upcast)
