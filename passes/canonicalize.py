@@ -245,10 +245,8 @@ def _batch1_matvec(graph: fx.Graph, total: fx.Node) -> bool:
     if operands is None:
         return False
     x_src, w_src, w_kind = operands
-    out = total
-    (user,) = total.users if len(total.users) == 1 else (None,)
-    if convert_target_dtype(user) is not None:
-        out = user  # the cast back to the operands' dtype
+    user = next(iter(total.users)) if len(total.users) == 1 else None
+    out = user if convert_target_dtype(user) is not None else total  # the cast back to the operands' dtype
     em = Emitter(graph, total, mark=False)  # the recognizers must see these nodes
     x2d = _activation_2d(em, x_src, a0, 1, k)
     w2d = em.call(aten.permute.default, w_src, [1, 0]) if w_kind == "transpose" else w_src

@@ -11,6 +11,7 @@ import pytest
 import torch
 import woq_models
 from expecttest import TestCase
+from fake_gpu_trace import fake_cuda_trace
 
 import qlower
 from qlower.passes.canonicalize import einsum_to_mm, shared_weight_bmm_to_mm
@@ -215,18 +216,6 @@ def test_scale_converted_after_its_expand_is_lowered(m):
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def _fake_cuda_decomposed(f, *tensors: torch.Tensor) -> torch.fx.GraphModule:
-    """`f` traced as Inductor's decompositions leave it on a GPU with `coordinate_descent_tuning` on (torchao's
-    `quantize_` turns it on): a `bmm` with M = 1 becomes `sum(a[..., None] * b[:, None], 2)` in fp32."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with torch._inductor.config.patch(coordinate_descent_tuning=True), FakeTensorMode():
-        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
-        return make_fx(f, decomposition_table=select_decomp_table())(*fakes)
-
-
 def _run_on_cpu(gm: torch.fx.GraphModule, *args: torch.Tensor) -> torch.Tensor:
     """The traced graph's arithmetic on CPU tensors (its ops name no device)."""
     gm.recompile()
@@ -249,7 +238,7 @@ def test_decomposed_batch1_matvec_einsum_is_recognized(x_shape, dtype):
         return torch.einsum("...k,nk->...n", x, w.to(x.dtype)) * s
 
     s = S.to(dtype)
-    gm = _fake_cuda_decomposed(f, torch.empty(x_shape, dtype=dtype), W, s)
+    gm = fake_cuda_trace(f, torch.empty(x_shape, dtype=dtype), W, s)
     assert "aten.sum" in graph_summary(gm) and "aten.bmm" not in graph_summary(gm)
     before = copy.deepcopy(gm)
     assert batch1_matvec_to_matvec(gm.graph) == 1
@@ -257,7 +246,7 @@ def test_decomposed_batch1_matvec_einsum_is_recognized(x_shape, dtype):
     (rec,) = woq_int8.find(gm.graph)
     assert rec.matmul == "matvec" and (rec.m, rec.k, rec.n) == (1, K, N), rec
     assert tensor_val(rec.x).dtype == dtype and rec.compute_dtype == dtype and rec.weight_layout == "NK"
-    two = _fake_cuda_decomposed(f, torch.empty((2, *x_shape[1:]), dtype=dtype), W, s)
+    two = fake_cuda_trace(f, torch.empty((2, *x_shape[1:]), dtype=dtype), W, s)
     canonicalize(two.graph)
     (rec2,) = woq_int8.find(two.graph)
     assert rec2.matmul == "mm" and (rec2.scale_site, rec2.scale_cast) == (rec.scale_site, rec.scale_cast)
@@ -275,7 +264,7 @@ def test_decomposed_matvec_of_a_float_weight_input_is_left_alone():
     left it (rewriting it would only change stock code)."""
     from qlower.passes.canonicalize import batch1_matvec_to_matvec
 
-    gm = _fake_cuda_decomposed(lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.empty(1, K, dtype=BF16),
+    gm = fake_cuda_trace(lambda x, w: torch.einsum("mk,nk->mn", x, w), torch.empty(1, K, dtype=BF16),
                                torch.empty(N, K, dtype=BF16))  # fmt: skip
     assert batch1_matvec_to_matvec(gm.graph) == 0
 
@@ -289,7 +278,7 @@ def test_stacked_expert_matvec_left_alone_has_a_report_row():
     def f(x, w, s):
         return torch.einsum("mk,enk->emn", x, w.to(x.dtype)) * s.unsqueeze(1)
 
-    gm = _fake_cuda_decomposed(f, torch.empty(1, K, dtype=BF16), torch.empty(3, N, K, dtype=torch.int8),
+    gm = fake_cuda_trace(f, torch.empty(1, K, dtype=BF16), torch.empty(3, N, K, dtype=torch.int8),
                                torch.empty(3, N, dtype=BF16))  # fmt: skip
     canonicalize(gm.graph)
     (row,) = find_unclaimed(gm.graph, [], ["woq_int8"])
@@ -327,7 +316,7 @@ def test_every_woq_form_at_m1_decomposed_on_a_gpu_is_one_record(form, bias, rank
         return torch.func.functional_call(mod, dict(zip(params, tensors, strict=True)), (x,))
 
     x = torch.randn((1,) * (rank - 1) + (K,), dtype=dtype)
-    gm = _fake_cuda_decomposed(f, x, *params.values())
+    gm = fake_cuda_trace(f, x, *params.values())
     before = copy.deepcopy(gm)
     canonicalize(gm.graph)
     (rec,) = woq_int8.find(gm.graph)

@@ -219,15 +219,11 @@ def test_decode_matvec_decomposition_is_recognized(name):
     """On GPUs with coordinate_descent_tuning on (torchao's quantize_ sets it process-wide) Inductor
     decomposes an M == 1 mm into (x[:, :, None] * w[None]).sum(1) before qlower's pass: still one MX record,
     and the rewritten graph computes the same numbers as the traced one."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from fake_gpu_trace import fake_cuda_trace
 
     fn = mm.hand_written_forms(N, K)[name]
     x, q, e = mm.form_inputs(name, N, K, m=1)
-    with torch._inductor.config.patch(coordinate_descent_tuning=True), FakeTensorMode():
-        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (x, q, e)]
-        gm = make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
+    gm = fake_cuda_trace(fn, x, q, e)
     assert "aten.sum" in graph_summary(gm)
     (cand,) = mx.find(gm.graph)
     assert not isinstance(cand, Rejection), cand

@@ -7,9 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cpu_woq_choice import without_woq_gemm
-from torch._inductor.decomposition import select_decomp_table
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
+from fake_gpu_trace import fake_cuda_trace
 from woq_models import WoqLinear
 
 import qlower
@@ -237,13 +235,6 @@ class TestNotCandidates(expecttest.TestCase):
 # back (`pw_cast_for_opmath`). Graphs are traced with fake CUDA tensors: no GPU needed.
 
 
-def _fake_cuda_trace(fn, *tensors: torch.Tensor, coordinate_descent: bool = True) -> torch.fx.GraphModule:
-    """`fn` traced as Inductor's decompositions leave it, every tensor a fake CUDA copy of `tensors`'s."""
-    with torch._inductor.config.patch(coordinate_descent_tuning=coordinate_descent), FakeTensorMode():
-        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
-        return make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
-
-
 def _torchao_woq(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.fx.GraphModule:
     """torchao `Int8WeightOnlyConfig`'s linear on [1, m, k], its Int8Tensor rebuilt from fake CUDA parts as
     AOTAutograd does (`__tensor_unflatten__`), so the graph is torchao's own dispatch."""
@@ -257,7 +248,7 @@ def _torchao_woq(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.
         w = type(lin.weight).__tensor_unflatten__(dict(zip(names, inner, strict=True)), ctx, None, None)
         return F.linear(x, w)
 
-    return _fake_cuda_trace(f, torch.empty(1, m, k, dtype=dtype), *parts)
+    return fake_cuda_trace(f, torch.empty(1, m, k, dtype=dtype), *parts)
 
 
 def _gpt_fast(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.fx.GraphModule:
@@ -265,7 +256,7 @@ def _gpt_fast(m: int, dtype: torch.dtype, k: int = 64, n: int = 32) -> torch.fx.
         return F.linear(x, w.to(x.dtype)) * s
 
     w, s = torch.empty(n, k, dtype=torch.int8), torch.empty(n, dtype=dtype)
-    return _fake_cuda_trace(f, torch.empty(m, k, dtype=dtype), w, s)
+    return fake_cuda_trace(f, torch.empty(m, k, dtype=dtype), w, s)
 
 
 def _record(gm: torch.fx.GraphModule) -> QuantLinear:
@@ -332,7 +323,7 @@ def test_fp32_matvec_cast_down_keeps_fp32():
     def f(x, w, s):
         return F.linear(x.float(), w.float()).to(x.dtype) * s
 
-    gm = _fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
+    gm = fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
                           torch.empty(32, dtype=BF16))  # fmt: skip
     assert "aten.sum" in graph_summary(gm)
     rec = _record(gm)
@@ -346,6 +337,6 @@ def test_half_precision_matvec_is_not_an_mm():
     def f(x, w, s):
         return (x.unsqueeze(2) * w.to(x.dtype).t().unsqueeze(0)).sum(1) * s
 
-    gm = _fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
+    gm = fake_cuda_trace(f, torch.empty(1, 64, dtype=BF16), torch.empty(32, 64, dtype=torch.int8),
                           torch.empty(32, dtype=BF16), coordinate_descent=False)  # fmt: skip
     assert woq_int8.find(gm.graph) == []

@@ -1,0 +1,21 @@
+"""Graphs as Inductor's decompositions leave them on a GPU, traced on any machine (shared by tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch._inductor.decomposition import select_decomp_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def fake_cuda_trace(
+    fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, coordinate_descent: bool = True
+) -> torch.fx.GraphModule:
+    """`fn` traced with Inductor's decomposition table, every tensor a fake CUDA copy of `tensors`'s. With
+    `coordinate_descent_tuning` on (torchao's `quantize_` turns it on), an `mm` or `bmm` with M = 1 becomes
+    Inductor's fp32 matvec `sum(a * b)`; the graph's ops name no device, so it also runs on CPU tensors."""
+    with torch._inductor.config.patch(coordinate_descent_tuning=coordinate_descent), FakeTensorMode():
+        fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
+        return make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
