@@ -296,3 +296,12 @@ def graph_memo(graph: fx.Graph, name: str) -> dict[Any, Any]:
         memo = {}
         setattr(graph, attr, memo)
     return memo
+
+
+def differentiates(graph: fx.Graph) -> bool:
+    """Whether `graph` is a training compile's joint graph: AOTAutograd tags the nodes it traced for the
+    backward `partitioner_tag="is_backward"` (an inference graph has none). Memoized per graph."""
+    memo = graph_memo(graph, "differentiates")
+    if "answer" not in memo:
+        memo["answer"] = any(n.meta.get("partitioner_tag") == "is_backward" for n in graph.nodes)
+    return memo["answer"]

@@ -8,7 +8,9 @@ Each variant trains the same model (seed 0) on the same data with AdamW for `--s
     mx:eager    torchao's MXFP8Linear (`kernel_preference=EMULATED`: the MX recipe on GPUs without MX tensor
                 cores, and on CPU) in eager mode: the loss reference
     mx:stock    the same model under stock torch.compile
-    mx:qlower   the same model under torch.compile with qlower.inductor_options()
+    mx:qlower   the same model under torch.compile with qlower.inductor_options() (AUTO: on CUDA a training
+                compile's MX linears stay stock's, `devices/cuda.py::_prefer_mx_emulated`)
+    mx:qlower-emulated   the same with kernel_preference="EMULATED": qlower's exact MX emulation lowers them
 Rows: compile seconds (the first step's wall time), step time (median of the steps after `--warmup`, CUDA
 synchronized), peak memory (CUDA), the loss after the last step and its relative difference from mx:eager's,
 qlower's report (matmuls lowered / candidates). A variant that fails says so in its note; exit status 1 then.
@@ -39,7 +41,7 @@ from bench_model import TP, Block, Config, rms_norm, split_heads  # noqa: E402
 import qlower  # noqa: E402
 
 DTYPE = torch.bfloat16
-VARIANTS = ("bf16", "mx:eager", "mx:stock", "mx:qlower")
+VARIANTS = ("bf16", "mx:eager", "mx:stock", "mx:qlower", "mx:qlower-emulated")
 FULL = dataclasses.replace(Config(), layers=2)  # the Llama-3-8B layer shapes
 SMALL = Config(dim=128, heads=4, kv_heads=2, hidden=256, layers=1)
 LOSS_TOL = 1e-2  # relative difference of the final loss from mx:eager's
@@ -137,6 +139,8 @@ def run_variant(variant: str, args: argparse.Namespace, data: list) -> Row:
         fwd: Callable = torch.compile(model)
     elif variant == "mx:qlower":
         fwd = torch.compile(model, options=qlower.inductor_options())
+    elif variant == "mx:qlower-emulated":
+        fwd = torch.compile(model, options=qlower.inductor_options(kernel_preference="EMULATED"))
     else:
         fwd = model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -161,7 +165,7 @@ def run_variant(variant: str, args: argparse.Namespace, data: list) -> Row:
     row.step_s = statistics.median(times) if times else None
     row.loss = float(loss) if loss is not None else None
     row.peak_mib = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-    if variant == "mx:qlower":
+    if variant.startswith("mx:qlower"):
         rows = [d for rep in qlower.all_reports() for d in rep if d.family == "mx"]
         row.lowered = f"{sum(d.lowered for d in rows)}/{len(rows)} lowered"
         if any(not d.lowered for d in rows):

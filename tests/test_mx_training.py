@@ -127,9 +127,12 @@ def _step(fn, model: torch.nn.Module, x: torch.Tensor, cot: torch.Tensor) -> lis
     return [y.detach(), xi.grad, *(p.grad.clone() for p in params)]
 
 
-def check_torchao_mx_training(kind: str, tokens: int, k: int, n: int, device: str) -> None:
+def check_torchao_mx_training(
+    kind: str, tokens: int, k: int, n: int, device: str, preference: str = "AUTO", lowered: bool = True
+) -> None:
     """Compiled with qlower, torchao's MX training step matches torchao's eager MX, and each of its three
-    matmuls (forward, dgrad, wgrad) is a row of the report: (M, K, N) = (T, K, N), (T, N, K), (N, T, K)."""
+    matmuls (forward, dgrad, wgrad) is a row of the report: (M, K, N) = (T, K, N), (T, N, K), (N, T, K),
+    lowered, or (`lowered=False`) left to stock with the training-compile reason."""
     torch.manual_seed(0)
     model = _torchao_mx_training(kind, k, n, device)
     x = torch.randn(2, tokens // 2, k, dtype=torch.bfloat16, device=device)
@@ -137,7 +140,8 @@ def check_torchao_mx_training(kind: str, tokens: int, k: int, n: int, device: st
     eager = _step(model, model, x, cot)
     torch._dynamo.reset()
     qlower.clear_reports()
-    compiled = _step(torch.compile(model, options=qlower.inductor_options()), model, x, cot)
+    options = qlower.inductor_options(kernel_preference=preference)
+    compiled = _step(torch.compile(model, options=options), model, x, cot)
     names = ["out", "grad x", *(name for name, _ in model.named_parameters())]
     for name, got, want in zip(names, compiled, eager, strict=True):
         rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
@@ -145,7 +149,12 @@ def check_torchao_mx_training(kind: str, tokens: int, k: int, n: int, device: st
     rows = [d for r in qlower.all_reports() for d in r]
     shapes = sorted(tuple(int(s) for s in d.shape) for d in rows if d.family == "mx")
     assert shapes == sorted([(tokens, k, n), (tokens, n, k), (n, tokens, k)]), rows
-    assert all(d.lowered for d in rows if d.family == "mx"), [(d.shape_text, d.reason) for d in rows]
+    mx_rows = [d for d in rows if d.family == "mx"]
+    if lowered:
+        assert all(d.lowered for d in mx_rows), [(d.shape_text, d.reason) for d in rows]
+    else:
+        assert not any(d.lowered for d in mx_rows), [(d.shape_text, d.lowering) for d in rows]
+        assert all("training compile" in d.reason for d in mx_rows), [d.reason for d in mx_rows]
 
 
 CASES = [("MXFP8Linear", s) for s in TRAINING_SHAPES] + [
@@ -165,7 +174,48 @@ def test_torchao_mx_training_matches_eager_mx(kind, shape):
     ("kind", "shape"), CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v
 )
 def test_torchao_mx_training_matches_eager_mx_cuda(kind, shape):
-    check_torchao_mx_training(kind, *shape, device="cuda")
+    """AUTO leaves a training step's MX linears to stock on CUDA (`devices/cuda.py::_prefer_mx_emulated`);
+    EMULATED lowers them: both give eager MX's numbers."""
+    check_torchao_mx_training(kind, *shape, device="cuda", lowered=False)
+    check_torchao_mx_training(kind, *shape, device="cuda", preference="EMULATED")
+
+
+def _mx_records(gm: torch.fx.GraphModule) -> list:
+    from qlower.patterns import QuantLinear
+    from qlower.patterns import mx as mx_patterns
+
+    return [c for c in mx_patterns.find(gm.graph) if isinstance(c, QuantLinear)]
+
+
+def test_cuda_auto_leaves_whole_block_training_mx_to_stock():
+    """The CUDA rule reads the graph, not the device: a training compile's joint graph (AOTAutograd's
+    backward tags) with whole MX blocks is left to stock, with a reason naming the measurement and the
+    preference that lowers it anyway; the same linear in an inference graph, and a partial last block in a
+    training graph (whose exact decode the backward needs), keep the emulation."""
+    from qlower.lowerings.devices import cuda
+    from qlower.patterns.graph_utils import differentiates
+
+    model = mm.MXLinear(None, "e4m3", 96, 64, e8m0=True, bias=True)
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    joint, _ = testing.trace_joint_for_inductor(model, x.clone().requires_grad_(True))
+    assert differentiates(joint.graph)
+    recs = _mx_records(joint)
+    assert [int(r.n) for r in recs] == [96], recs  # the forward (the backward's matmul has blocks along N)
+    why = cuda._prefer_mx_emulated(recs[0])
+    assert why is not None and "training compile" in why and "EMULATED" in why, why
+
+    inference = trace_for_inductor(model, x)
+    assert not differentiates(inference.graph)
+    (rec,) = _mx_records(inference)
+    assert cuda._prefer_mx_emulated(rec) is None
+
+    partial = mm.MXPartialBlock("e4m3", 24, 80)
+    joint, _ = testing.trace_joint_for_inductor(partial, torch.randn(16, 80).requires_grad_(True))
+    (rec,) = _mx_records(joint)
+    assert cuda._prefer_mx_emulated(rec) is None
+    from qlower.lowerings.registry import backends
+
+    assert cuda.MX_EMULATED_CUDA in backends()["cuda"].lowerings
 
 
 def _dim_cast_model(dims: str):

@@ -8,10 +8,13 @@ Never `_weight_int8pack_mm` here: on sm_90 it is a naive kernel, 9-770x slower t
 - dynamic_int8: the Triton int8 kernel where measured faster, cuBLASLt `_int_mm` (M padded to 17), emulation.
 - mx: cuBLAS `_scaled_mm` with MX block scales (capability >= 10.0), qlower's Triton MX kernels (>= 8.9),
   emulation. An explicit `kernel_preference=TRITON` takes a Triton kernel at any M (its `supports`); AUTO
-  also asks its `prefer` rule, the measured crossover.
+  also asks its `prefer` rule, the measured crossover. In a training compile AUTO leaves the MX linears that
+  would be emulated to stock Inductor (`_prefer_mx_emulated`): there qlower's emulation measured slower.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -31,7 +34,7 @@ from qlower.lowerings.kernels.triton import configs, triton_unavailable
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns import mx_format as fmt
-from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
+from qlower.patterns.graph_utils import differentiates, is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16)  # the Triton kernels' activations
@@ -297,6 +300,31 @@ MX_TRITON = Lowering(
 )
 
 
+# --------------------------------------------------------------------- mx: emulation
+def _prefer_mx_emulated(rec: QuantLinear) -> str | None:
+    """AUTO: not in a training compile, where stock Inductor's own fusion of the graph's decode ran the step
+    faster than qlower's emulation (49.9 against 46.8 ms a step, two Llama-3-8B layers of torchao's
+    MXFP8Linear on sm_90: BENCHMARKS.md, "MX training, CUDA"), so AUTO is never slower than stock there.
+
+    A partial last block (K not a multiple of the block) keeps the emulation: its exact decode is what the
+    backward reads (`redecode_readers`), where the graph's own spelling was miscompiled on CPU
+    (tests/test_mx_training.py::test_partial_block_training_compiles_right).
+    """
+    if not differentiates(rec.output.graph):
+        return None
+    block = rec.weight_block
+    if block is None or not is_static(rec.k) or int(rec.k) % block != 0:
+        return None
+    return (
+        "a training compile: stock Inductor's fused decode measured faster than qlower's MX emulation in "
+        "the training step on sm_90 (BENCHMARKS.md, 'MX training, CUDA'), so the linear stays stock's; "
+        "kernel_preference=EMULATED lowers it anyway"
+    )
+
+
+MX_EMULATED_CUDA = dataclasses.replace(MX_EMULATED, prefer=_prefer_mx_emulated)
+
+
 def register() -> None:
     register_backend(
         "cuda",
@@ -309,7 +337,7 @@ def register() -> None:
             DYNAMIC_INT8_EMULATED,
             MX_SCALED_MM,
             MX_TRITON,
-            MX_EMULATED,
+            MX_EMULATED_CUDA,
         ],
         describe=describe,
         replace=True,
