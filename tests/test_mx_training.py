@@ -191,11 +191,12 @@ def test_cuda_auto_leaves_whole_block_training_mx_to_stock():
     """The CUDA rule reads the graph, not the device: a training compile's joint graph (AOTAutograd's
     backward tags) with whole MX blocks is left to stock, with a reason naming the measurement and the
     preference that lowers it anyway; the same linear in an inference graph, and a partial last block in a
-    training graph (whose exact decode the backward needs), keep the emulation."""
+    training graph (whose exact decode the backward needs) and a weight-only MX linear in a training graph
+    (not measured against stock), keep the emulation."""
     from qlower.lowerings.devices import cuda
     from qlower.patterns.graph_utils import differentiates
 
-    model = mm.MXLinear(None, "e4m3", 96, 64, e8m0=True, bias=True)
+    model = mm.MXLinear("e4m3", "e4m3", 96, 64, e8m0=True, bias=True)
     x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
     joint, _ = testing.trace_joint_for_inductor(model, x.clone().requires_grad_(True))
     assert differentiates(joint.graph)
@@ -207,6 +208,11 @@ def test_cuda_auto_leaves_whole_block_training_mx_to_stock():
     inference = trace_for_inductor(model, x)
     assert not differentiates(inference.graph)
     (rec,) = _mx_records(inference)
+    assert cuda._prefer_mx_emulated(rec) is None
+
+    weight_only = mm.MXLinear(None, "e4m3", 96, 64, e8m0=True, bias=True)
+    joint, _ = testing.trace_joint_for_inductor(weight_only, x.clone().requires_grad_(True))
+    (rec,) = _mx_records(joint)
     assert cuda._prefer_mx_emulated(rec) is None
 
     partial = mm.MXPartialBlock("e4m3", 24, 80)

@@ -8,8 +8,8 @@ Never `_weight_int8pack_mm` here: on sm_90 it is a naive kernel, 9-770x slower t
 - dynamic_int8: the Triton int8 kernel where measured faster, cuBLASLt `_int_mm` (M padded to 17), emulation.
 - mx: cuBLAS `_scaled_mm` with MX block scales (capability >= 10.0), qlower's Triton MX kernels (>= 8.9),
   emulation. An explicit `kernel_preference=TRITON` takes a Triton kernel at any M (its `supports`); AUTO
-  also asks its `prefer` rule, the measured crossover. In a training compile AUTO leaves the MX linears that
-  would be emulated to stock Inductor (`_prefer_mx_emulated`): there qlower's emulation measured slower.
+  also asks its `prefer` rule, the measured crossover. In a training compile AUTO leaves the MX x MX products
+  that would be emulated to stock Inductor (`_prefer_mx_emulated`): there qlower's emulation measured slower.
 """
 
 from __future__ import annotations
@@ -302,15 +302,17 @@ MX_TRITON = Lowering(
 
 # --------------------------------------------------------------------- mx: emulation
 def _prefer_mx_emulated(rec: QuantLinear) -> str | None:
-    """AUTO: not in a training compile, where stock Inductor's own fusion of the graph's decode ran the step
-    faster than qlower's emulation (49.9 against 46.8 ms a step, two Llama-3-8B layers of torchao's
-    MXFP8Linear on sm_90: BENCHMARKS.md, "MX training, CUDA"), so AUTO is never slower than stock there.
+    """AUTO: not for an MX x MX product in a training compile, where stock Inductor's own fusion of the graph's
+    casts and decodes ran the step faster than qlower's emulation (49.9 against 46.8 ms a step, two
+    Llama-3-8B layers of torchao's MXFP8Linear on sm_90: BENCHMARKS.md, "MX training, CUDA"), so AUTO is never
+    slower than stock there. Weight-only MX in training (a frozen base under an adapter) was not measured
+    against stock and keeps the emulation.
 
     A partial last block (K not a multiple of the block) keeps the emulation: its exact decode is what the
     backward reads (`redecode_readers`), where the graph's own spelling was miscompiled on CPU
     (tests/test_mx_training.py::test_partial_block_training_compiles_right).
     """
-    if not differentiates(rec.output.graph):
+    if rec.act_quant is None or not differentiates(rec.output.graph):
         return None
     block = rec.weight_block
     if block is None or not is_static(rec.k) or int(rec.k) % block != 0:
