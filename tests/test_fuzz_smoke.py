@@ -133,3 +133,17 @@ def test_fuzz_variants_one_case_per_defect_class(tmp_path: Path) -> None:
     for name in PICKS:  # the classes' expected rows are checked by the script (fuzz_classes.check_rows)
         if name.startswith(("family_order, dynamic_int8 off", "near_mx", "stacked_experts")):
             assert cases[picks[name]]["outcome"] == "left_alone", cases[picks[name]]
+
+
+# A two_models case whose stock compile, beside qlower's, miscompiles a partial MX block on CPU (stock alone
+# does too): stock off eager beside qlower is qlower's only where stock alone is right, so the case passes.
+STOCK_MISCOMPILE_SEED = 1454501074
+
+
+def test_two_models_leaves_stock_miscompiles_to_stock(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--only", str(STOCK_MISCOMPILE_SEED),
+           "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    (case,) = json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]
+    assert case["extra"]["variant"] == "two_models" and case["form"] == "partial_block", case["extra"]
+    assert proc.returncode == 0 and case["outcome"] == "pass", proc.stdout[-3000:] + proc.stderr[-2000:]
