@@ -147,3 +147,34 @@ def test_two_models_leaves_stock_miscompiles_to_stock(tmp_path: Path) -> None:
     (case,) = json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]
     assert case["extra"]["variant"] == "two_models" and case["form"] == "partial_block", case["extra"]
     assert proc.returncode == 0 and case["outcome"] == "pass", proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def _mx_training_case(device: str):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import fuzz_compile as fz
+
+    for seed in range(1, 5000):
+        case = fz.make_case(seed, device, fz.FAMILIES, ("mx_training",))
+        if case.extra.get("variant") == "mx_training" and case.preference == "AUTO":
+            return case
+    raise AssertionError("no AUTO mx_training case drawn")
+
+
+def test_mx_training_rows_left_to_stock_only_on_cuda_auto() -> None:
+    """The mx_training class accepts a row left alone with the training-compile reason on CUDA under AUTO
+    (devices/cuda.py `_prefer_mx_emulated`) and nowhere else; a row left alone for another reason fails."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import fuzz_classes as fc
+
+    def rows(case, reason: str | None) -> list[dict]:
+        t = case.m * (case.batch or 1)
+        shapes = [(t, case.k, case.n), (t, case.n, case.k), (case.n, t, case.k)]
+        return [{"family": "mx", "shape": [str(s) for s in shape], "lowering": None if reason else
+                 "mx_dequant_mm", "reason": reason or "", "compile": 0} for shape in shapes]  # fmt: skip
+
+    stock = fc.TRAINING_STOCK + "'s fused decode measured faster"
+    cuda, cpu = _mx_training_case("cuda"), _mx_training_case("cpu")
+    assert fc.check_rows(cuda, rows(cuda, None)) is None
+    assert fc.check_rows(cuda, rows(cuda, stock)) is None
+    assert fc.check_rows(cuda, rows(cuda, "no lowering supports it")) is not None
+    assert fc.check_rows(cpu, rows(cpu, stock)) is not None
