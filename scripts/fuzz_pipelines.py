@@ -175,10 +175,12 @@ def two_models(
     # Stock's output is stock's: where it is off eager's, stock compiled alone (after a reset) must be off too,
     # so an Inductor miscompile stock makes on its own (CPU partial MX blocks, reading memory it never wrote:
     # other numbers each run) is not counted as qlower's.
-    if beside is not None and not _near(beside, model(x)):
+    with torch.no_grad():
+        eager = model(x)
+    if beside is not None and not _near(beside, eager):
         torch._dynamo.reset()
         alone = _stock_output(model, case, x)
-        if alone is not None and _near(alone, model(x)):
+        if alone is not None and _near(alone, eager):
             problems.append(
                 "stock torch.compile beside qlower's compiles is off eager's numbers; alone it is not"
             )

@@ -172,7 +172,9 @@ def test_mx_training_rows_left_to_stock_only_on_cuda_auto() -> None:
         return [{"family": "mx", "shape": [str(s) for s in shape], "lowering": None if reason else
                  "mx_dequant_mm", "reason": reason or "", "compile": 0} for shape in shapes]  # fmt: skip
 
-    stock = fc.TRAINING_STOCK + "'s fused decode measured faster"
+    from qlower.lowerings.devices.cuda import TRAINING_STOCK
+
+    stock = TRAINING_STOCK + "'s fused decode measured faster"
     cuda, cpu = _mx_training_case("cuda"), _mx_training_case("cpu")
     assert fc.check_rows(cuda, rows(cuda, None)) is None
     assert fc.check_rows(cuda, rows(cuda, stock)) is None

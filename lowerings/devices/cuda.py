@@ -301,6 +301,10 @@ MX_TRITON = Lowering(
 
 
 # --------------------------------------------------------------------- mx: emulation
+# How `_prefer_mx_emulated`'s reason starts (scripts/fuzz_classes.py checks report rows by it).
+TRAINING_STOCK = "a training compile: stock Inductor"
+
+
 def _prefer_mx_emulated(rec: QuantLinear) -> str | None:
     """AUTO: not for an MX x MX product in a training compile, where stock Inductor's own fusion of the graph's
     casts and decodes ran the step faster than qlower's emulation (49.9 against 46.8 ms a step, two
@@ -318,7 +322,7 @@ def _prefer_mx_emulated(rec: QuantLinear) -> str | None:
     if block is None or not is_static(rec.k) or int(rec.k) % block != 0:
         return None
     return (
-        "a training compile: stock Inductor's fused decode measured faster than qlower's MX emulation in "
+        f"{TRAINING_STOCK}'s fused decode measured faster than qlower's MX emulation in "
         "the training step on sm_90 (BENCHMARKS.md, 'MX training, CUDA'), so the linear stays stock's; "
         "kernel_preference=EMULATED lowers it anyway"
     )
