@@ -50,6 +50,38 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_demo)
 
 
+def _build(args: argparse.Namespace) -> int:
+    """Build qlower's CUTLASS library now (nvcc, sm_90a; no GPU needed) and print its path and seconds."""
+    import shutil
+    from pathlib import Path
+
+    from qlower.lowerings.kernels.cutlass import build
+
+    tc = build.toolchain()
+    if isinstance(tc, str):
+        raise ValueError(tc)
+    lib = build.build(tc, jobs=args.jobs, log=print)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        lib = Path(shutil.copy2(lib, args.out / build.LIBRARY_NAME))
+    print(f"QLOWER_CUTLASS_LIBRARY={lib}")
+    return 0
+
+
+def _add_build(sub: argparse._SubParsersAction) -> None:
+    from pathlib import Path
+
+    p = sub.add_parser(
+        "build",
+        help="build the CUDA (CUTLASS) kernels ahead of time; --out copies the library for another machine",
+    )
+    p.add_argument("--out", type=Path, default=None, help="copy the library into this folder")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="parallel nvcc jobs (default: one per configuration)"
+    )
+    p.set_defaults(func=_build)
+
+
 def _one_line(command: str, error: BaseException) -> str:
     text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
     text = text.removeprefix("qlower: ")
@@ -61,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"qlower {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
+    _add_build(sub)
     from qlower.lowerings import UnsupportedPlatformError
     from qlower.lowerings.aoti import cli as shims_cli
 

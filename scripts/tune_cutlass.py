@@ -1,7 +1,8 @@
 """Time every configuration of qlower's CUTLASS W8A16 GEMM per weight shape and M, beside cuBLAS bf16 and
-qlower's dequant + cuBLAS, and write the tuned table (lowerings/kernels/cutlass/tuned/h200.json).
+qlower's dequant + cuBLAS, and write this GPU's tuned table (lowerings/kernels/cutlass/tuned/<gpu>.json).
 
-    python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h200.json
+    python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h200.json    # on an H200
+    python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h100.json    # on an H100
 
 GPU time per call from CUDA-graph replays over 8 weight sets (scripts/cuda_timing.py), so weights come from
 HBM. Every configuration's output is checked against a float64 reference before it is timed. Prints one
@@ -74,7 +75,7 @@ def measure(m: int, n: int, k: int) -> dict:
     return row
 
 
-def tuned_table(rows: list[dict]) -> dict:
+def tuned_table(rows: list[dict], out: Path) -> dict:
     shapes: dict[tuple[int, int], list] = {}
     for r in sorted(rows, key=lambda r: r["m"]):
         name, splits = r["best"].split("/")
@@ -83,7 +84,7 @@ def tuned_table(rows: list[dict]) -> dict:
         )
     return {
         "device": torch.cuda.get_device_name(),
-        "command": "python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h200.json",
+        "command": f"python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/{out.name}",
         "shapes": [{"n": n, "k": k, "ranges": ranges} for (n, k), ranges in shapes.items()],
     }
 
@@ -114,7 +115,7 @@ def main() -> None:
         args.raw.write_text(json.dumps(rows, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(tuned_table(rows), indent=1) + "\n")
+        args.out.write_text(json.dumps(tuned_table(rows, args.out), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -132,8 +132,27 @@ def test_every_configuration_has_a_unique_entry_point_name():
     assert len(set(names)) == len(names)
     for c in configs.W8A16_CONFIGS:
         assert configs.BY_NAME[c.name] == c
-    for (n, k), ranges in configs.TUNED.items():
-        assert all(choice.config in configs.BY_NAME for _, choice in ranges), (n, k)
+    for device, table in configs.TUNED.items():
+        for (n, k), ranges in table.items():
+            assert all(choice.config in configs.BY_NAME for _, choice in ranges), (device, n, k)
+
+
+def test_each_gpu_reads_its_own_table_and_others_the_fallback():
+    """The H100's and the H200's tables differ where they measured different winners; an unmeasured sm_90 GPU
+    reads the fallback device's; a shape no table holds gets `default_choice`."""
+    assert {"NVIDIA H100 80GB HBM3", configs.FALLBACK_DEVICE} <= set(configs.TUNED)
+    h100, h200 = configs.TUNED["NVIDIA H100 80GB HBM3"], configs.TUNED[configs.FALLBACK_DEVICE]
+    differ = [
+        (shape, m)
+        for shape, ranges in h100.items()
+        for m, choice in ranges
+        if configs.choose(m, shape[0], shape[1], "NVIDIA H100 80GB HBM3")
+        != configs.choose(m, shape[0], shape[1], configs.FALLBACK_DEVICE)
+    ]
+    assert differ, "the two tables hold the same choices: one file would do"
+    (n, k), _ = next(iter(h200.items()))
+    assert configs.choose(512, n, k, "NVIDIA H800") == configs.choose(512, n, k, configs.FALLBACK_DEVICE)
+    assert configs.choose(512, 24, 48, "NVIDIA H100 80GB HBM3") == configs.default_choice(512, 24, 48)
 
 
 def test_default_choice_uses_stream_k_where_tiles_cannot_fill_the_gpu():

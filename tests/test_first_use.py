@@ -361,3 +361,30 @@ def test_canonicalized_linear_keeps_its_module(dynamic: bool):
     report = qlower.last_report()
     assert sorted(d.module for d in report) == ["batched", "flat"], report.table()
     assert all(d.lowered and d.family == "woq_int8" for d in report), report.table()
+
+
+def test_cli_build_without_a_toolchain_is_one_line(monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m qlower build` where nvcc or CUTLASS is missing: one line naming the extra to install."""
+    from qlower.lowerings.kernels.cutlass import build
+
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    assert cli_main(["build"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("python -m qlower build: nvcc") and "qlower[cuda]" in err, err
+
+
+def test_cli_build_prints_the_library_and_copies_it(monkeypatch, tmp_path, capsys) -> None:
+    """The ahead-of-time build: the library's path as the environment line that serves it elsewhere, and with
+    --out a copy there (the nvcc build itself is stubbed: tests/test_cutlass_w8a16.py compiles the source)."""
+    from qlower.lowerings.kernels.cutlass import build
+
+    lib = tmp_path / "cache" / build.LIBRARY_NAME
+    lib.parent.mkdir()
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(build, "toolchain", lambda: build.Toolchain(tmp_path / "nvcc", (tmp_path,)))
+    monkeypatch.setattr(build, "build", lambda tc, jobs=None, log=None: lib)
+    assert cli_main(["build", "--out", str(tmp_path / "deploy")]) == 0
+    copied = tmp_path / "deploy" / build.LIBRARY_NAME
+    assert copied.read_bytes() == b"\x7fELF"
+    assert capsys.readouterr().out.strip().endswith(f"QLOWER_CUTLASS_LIBRARY={copied}")

@@ -89,7 +89,7 @@ def launch(
     as the op hands them over: K-contiguous 16-byte-aligned rows, scale and bias contiguous vectors."""
     m, k = x.shape
     n = w.shape[0]
-    choice = choice or configs.choose(m, n, k)
+    choice = choice or configs.choose(m, n, k, x.device.index)
     args = Args(
         x=x.data_ptr(), w=w.data_ptr(), scale=scale.data_ptr(), bias=bias.data_ptr() if bias is not None else None,
         out=out.data_ptr(), workspace=None, stream=torch.cuda.current_stream(x.device).cuda_stream,
