@@ -151,7 +151,8 @@ WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19}
 def cpu_woq_isa() -> str:
     """The ISA level qlower::woq_int8_gemm runs at on this CPU: QLOWER_CPU_WOQ_ISA, else the best available
     (the kernel decides the same way at run time with `__builtin_cpu_supports`; at avx512_bf16 its auto path
-    is chunked for bf16 x from M = 16, else the avx512 kernels: the table's entry for that level is for both)."""
+    for bf16 x is the AMX tiles, converted chunks, the vdpbf16ps or the fp32-FMA kernels by M and by whether
+    oneDNN runs on AMX (woq_gemm.cpp, plan_call): the table's entry for that level is for all of them)."""
     forced = os.environ.get(WOQ_GEMM_ISA_ENV)
     if forced:
         return forced

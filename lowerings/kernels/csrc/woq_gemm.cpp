@@ -35,9 +35,10 @@
 //   has AMX and the OS grants the tile state (amx_usable).
 // auto (plan_call, which `woq_int8_gemm_plan` reports): amx for bf16 x from M = kAmxMinM to kAmxMaxM where the
 // tiles are usable; chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16
-// GEMM runs on AMX (amx_bf16_gemm); else direct; at that level the direct path of bf16 x runs the avx512
-// fp32-FMA kernels (faster than vdpbf16ps at M = 1..16, same table) unless QLOWER_CPU_WOQ_ISA=avx512_bf16
-// forces them.
+// GEMM runs on AMX (amx_bf16_gemm), from kChunkedNoAmxMinM where it does not; else direct. At that level the
+// direct path of bf16 x runs the avx512 fp32-FMA kernels where oneDNN has AMX (faster than vdpbf16ps at
+// M = 1..16 on that Xeon) and below M = kDpbf16MinM, else the vdpbf16ps ones (QLOWER_CPU_WOQ_ISA=avx512_bf16
+// forces them).
 // Timings against the other CPU lowerings: lowerings/devices/cpu.py (WOQ_GEMM_MAX_M).
 // ISA: AVX512-BF16 vdpbf16ps for bf16 x, else AVX512 or AVX2 fp32 FMA, else a scalar loop; chosen at run time
 // (`__builtin_cpu_supports`), each compiled under `#pragma GCC target` so one library serves every x86-64 CPU.
@@ -131,6 +132,7 @@ inline void prefetch_row(const Problem& p, const Block& next, int64_t j) {
 }
 
 constexpr int kMaxMr = 4;
+constexpr int64_t kDirectMaxM = 8;  // Kernels::direct_max_m of every level but avx512_bf16 (kDirectMaxMBf16)
 constexpr int kMaxNr = 8;
 
 // c[i * ldc + j] += sum_k a[i][k] * b[j][k] for an MR x NR tile over kc elements of K.
@@ -145,6 +147,7 @@ struct Kernels {
   int nr_packed[kMaxMr + 1];  // ... when B is read from the converted buffer
   bool a_bf16;                // tiles read A as bf16 (x itself); else as fp32
   int64_t b_elem;             // bytes per converted B element (4: fp32, 2: bf16)
+  int64_t direct_max_m;       // M up to which the int8 rows are converted in registers (run, below)
   TileFn direct[kMaxMr + 1][kMaxNr + 1];
   TileFn packed[kMaxMr + 1][kMaxNr + 1];
   // rows x kc activations from `src` (row stride lda) -> fp32 dst (row stride ldd)
@@ -499,6 +502,10 @@ void fill(TileFn (&row)[kMaxNr + 1]) {
   }
 }
 
+// In-register conversion up to M = 32: on an AVX512-BF16 EPYC (no AMX) it ran M = 16 / 32 at 1.12-1.16x / 0.89-0.90x
+// of bf16 F.linear where the buffered path ran 0.73x (BENCHMARKS.md, "AMD EPYC with AVX512-BF16"); at M = 64 the
+// two tie.
+constexpr int64_t kDirectMaxMBf16 = 32;
 constexpr int kNrDirect[kMaxMr + 1] = {0, 8, 8, 6, 5};  // int8 -> bf16 in registers takes two more
 constexpr int kNrPacked[kMaxMr + 1] = {0, 8, 8, 7, 6};
 
@@ -512,6 +519,7 @@ Kernels make_kernels() {
   }
   k.a_bf16 = true;
   k.b_elem = 2;
+  k.direct_max_m = kDirectMaxMBf16;
   fill<int8_t, 1, kNrDirect[1]>(k.direct[1]);
   fill<int8_t, 2, kNrDirect[2]>(k.direct[2]);
   fill<int8_t, 3, kNrDirect[3]>(k.direct[3]);
@@ -965,13 +973,11 @@ const Kernels& kernels_for(Level level, DType act) {
 constexpr int64_t kKc = 1024;  // K block of the buffered path
 constexpr int64_t kNc = 64;    // N columns per work unit
 constexpr int64_t kMc = 256;   // M rows per work unit
-constexpr int64_t kDirectMaxM = 8;
-
 void run(const Problem& p, const Kernels& kk) {
-  // M <= kDirectMaxM: the int8 rows converted in registers, one pass over all of K per MR rows (the unit's
+  // M <= kk.direct_max_m: the int8 rows converted in registers, one pass over all of K per MR rows (the unit's
   // int8 rows, nb x K bytes, are still in L2 for the second); else K blocks whose converted B buffer serves
   // every M row of the unit.
-  const bool direct = p.M <= kDirectMaxM && p.sk == 1 && !p.scale_on_weight;
+  const bool direct = p.M <= kk.direct_max_m && p.sk == 1 && !p.scale_on_weight;
   const bool a_direct = kk.a_bf16 || p.act == DType::F32;
   const int64_t kc_max = direct ? std::max<int64_t>(p.K, 1) : std::min(kKc, std::max<int64_t>(p.K, 1));
   // Row strides of the thread-local buffers: a multiple of 4 KiB (K = 1024 fp32) would put every row of a
@@ -1105,6 +1111,15 @@ constexpr const char* kPathNames[] = {"auto", "direct", "chunked", "amx"};
 // and tied at 1024: there auto stays direct.
 constexpr int64_t kChunkedMinM = 16;
 
+// Where oneDNN's bf16 GEMM runs on AVX512-BF16 instead (an EPYC; a Xeon with ONEDNN_MAX_CPU_ISA capped below
+// AMX), auto runs the vdpbf16ps kernels from M = kDpbf16MinM and the chunked path from M = kChunkedNoAmxMinM.
+// Measured on an AVX512-BF16 EPYC (2 threads, 4096->4096 and 4096->14336; BENCHMARKS.md, "AMD EPYC with
+// AVX512-BF16"): the fp32-FMA kernels ran 0.43-0.62x of bf16 F.linear from M = 16 and the vdpbf16ps ones
+// 0.73-1.16x; the two tie at M = 4 and FMA leads at M = 1-2 (0.356 vs 0.528 ms at M = 1); the chunked path
+// leads from M = 256 (0.91-0.96x against 0.77-0.84x) and ties at 128.
+constexpr int64_t kDpbf16MinM = 4;
+constexpr int64_t kChunkedNoAmxMinM = 256;
+
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
 bool amx_bf16_gemm() {
@@ -1193,12 +1208,15 @@ Plan plan_call(int64_t M, DType act, bool nk) {
   if ((path == Path::Amx && amx_fits) || (path == Path::Auto && amx_fits && M >= kAmxMinM && M <= kAmxMaxM)) {
     return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
   }
-  const bool chunked_auto = native_bf16_gemm && M >= kChunkedMinM && amx_bf16_gemm();
+  const bool amx_gemm = amx_bf16_gemm();
+  const bool chunked_auto = native_bf16_gemm && M >= (amx_gemm ? kChunkedMinM : kChunkedNoAmxMinM);
   if (path == Path::Chunked || (path != Path::Direct && chunked_auto)) {
     return {Path::Chunked, level};
   }
-  // The direct path at the avx512_bf16 level: the fp32-FMA kernels, unless the vdpbf16ps ones are forced.
-  return {Path::Direct, native_bf16_gemm && !isa_forced() ? Level::Avx512 : level};
+  // The direct path at the avx512_bf16 level: the vdpbf16ps kernels where the ISA is forced, or where oneDNN
+  // has no AMX from M = kDpbf16MinM; else the fp32-FMA ones.
+  const bool dpbf16 = isa_forced() || (!amx_gemm && M >= kDpbf16MinM);
+  return {Path::Direct, native_bf16_gemm && !dpbf16 ? Level::Avx512 : level};
 }
 
 DType dtype_of(at::ScalarType t, const char* what) {
@@ -1590,6 +1608,7 @@ Kernels make_kernels(const char* name) {
   }
   k.a_bf16 = false;
   k.b_elem = 4;
+  k.direct_max_m = kDirectMaxM;
   fill<int8_t, 1, Isa::kNrDirect[1]>(k.direct[1]);
   fill<int8_t, 2, Isa::kNrDirect[2]>(k.direct[2]);
   fill<int8_t, 3, Isa::kNrDirect[3]>(k.direct[3]);
