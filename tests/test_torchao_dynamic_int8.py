@@ -143,7 +143,10 @@ def test_which_int_mm_takes_m_that_can_be_1(torchao_branch, int_mm_only, monkeyp
 @pytest.mark.parametrize(
     "isa, m, dynamic, want",
     [
-        ("vnni", 1, False, "qlower.int8_gemm"),  # a static decode M takes qlower's kernel on every CPU
+        ("amx", 1, False, "qlower.int8_gemm"),  # a static decode M takes qlower's kernel
+        ("vnni", 1, False, "aten._int_mm.u8s8"),  # ... but M = 1 on VNNI without AMX (INT8_GEMM_VNNI_M)
+        ("vnni", 8, False, "qlower.int8_gemm"),
+        ("vnni", 16, False, "aten._int_mm"),  # s8s8: this K is below CPU_U8_MIN_K
         ("amx", 4, False, "qlower.int8_gemm"),
         ("none", 1, True, "qlower.int8_gemm"),  # a symbolic M: the op hands larger M to `_int_mm` itself
         ("amx", 5, False, "aten._int_mm"),  # above INT8_GEMM_MAX_M
@@ -154,8 +157,8 @@ def test_int8_gemm_takes_decode_sizes(torchao_branch, monkeypatch, isa, m, dynam
     from qlower.lowerings.devices.cpu import int_mm_takes_uint8
 
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
-    if want.endswith("u8s8") and not int_mm_takes_uint8():
-        want = "qlower.int8_gemm"  # torch 2.11: no u8s8 `_int_mm` to keep
+    if isa == "vnni" and not int_mm_takes_uint8():  # torch 2.11: no u8s8 `_int_mm`; VNNI chooses as AMX does
+        want = "qlower.int8_gemm" if dynamic or m <= 4 else "aten._int_mm"
     model = _quantized_linear(torch.bfloat16)
     with torch.no_grad():
         gm = trace_for_inductor(model, torch.randn(m, K, dtype=torch.bfloat16), dynamic=dynamic)

@@ -472,6 +472,12 @@ def _supports_cpu_u8s8(rec: QuantLinear) -> str | None:
 # M = 16 about 0.5x (oneDNN runs AMX tiles there). On VNNI CPUs without AMX `_int_mm` has no tiles either, so
 # the crossover is at least as high; 4 is kept there too.
 INT8_GEMM_MAX_M = 4
+# On a VNNI CPU without AMX (an AVX512-BF16/VNNI EPYC, 2 threads, `python scripts/bench_cpu_int8_gemm.py
+# --threads 2 --shapes 4096x4096,4096x14336,14336x4096 --ms 1,2,4,8,16`; BENCHMARKS.md, "CPU, dynamic_int8:
+# qlower::int8_gemm on an AVX512-VNNI EPYC") the op lost to u8s8 `_int_mm` at M = 1 (583 vs 344 us at 4096^2:
+# oneDNN's GEMV path) and at M = 16 (2384 vs 2205 us), and won from M = 2 to 8 (1.3-2.1x of u8s8, 2-3.9x of
+# s8s8): a static M takes it there only.
+INT8_GEMM_VNNI_M: tuple[int, int] = (2, 8)
 INT8_GEMM_ISA_ENV = "QLOWER_CPU_INT8_GEMM_ISA"  # forces the kernels' level: scalar, avx2, avx512, avx512_vnni
 
 
@@ -483,10 +489,13 @@ def _supports_int8_gemm(rec: QuantLinear) -> str | None:
         return "a [K, N] weight: the kernel reads weight rows along K (it would copy the weight every call)"
     if INT8_GEMM_MAX_M < 1:
         return "INT8_GEMM_MAX_M = 0: the op serves no M"
-    if is_static(rec.m) and int(rec.m) > INT8_GEMM_MAX_M:
-        return f"M={int(rec.m)} > {INT8_GEMM_MAX_M}: oneDNN's `_int_mm` is faster (INT8_GEMM_MAX_M)"
-    if not is_static(rec.m) and cpu_int8_isa() == "vnni" and int_mm_takes_uint8():
+    vnni_u8 = cpu_int8_isa() == "vnni" and int_mm_takes_uint8()
+    if not is_static(rec.m) and vnni_u8:
         return "a symbolic M on a VNNI CPU without AMX keeps u8s8 `_int_mm` (the op's larger-M call is s8s8)"
+    lo, hi = INT8_GEMM_VNNI_M if vnni_u8 else (1, INT8_GEMM_MAX_M)
+    if is_static(rec.m) and not lo <= int(rec.m) <= hi:
+        where = "a VNNI CPU without AMX (INT8_GEMM_VNNI_M)" if vnni_u8 else "INT8_GEMM_MAX_M"
+        return f"M={int(rec.m)} outside [{lo}, {hi}]: oneDNN's `_int_mm` is faster on {where}"
     if not native.compiler_available():
         return "no C++ compiler on PATH to build the kernel (lowerings/kernels/native.py)"
     return None
