@@ -493,7 +493,7 @@ def _supports_int8_gemm(rec: QuantLinear) -> str | None:
     if not is_static(rec.m) and vnni_u8:
         return "a symbolic M on a VNNI CPU without AMX keeps u8s8 `_int_mm` (the op's larger-M call is s8s8)"
     lo, hi = INT8_GEMM_VNNI_M if vnni_u8 else (1, INT8_GEMM_MAX_M)
-    if is_static(rec.m) and not lo <= int(rec.m) <= hi:
+    if is_static(rec.m) and (int(rec.m) > hi or 0 < int(rec.m) < lo):  # M = 0: the op's empty output
         where = "a VNNI CPU without AMX (INT8_GEMM_VNNI_M)" if vnni_u8 else "INT8_GEMM_MAX_M"
         return f"M={int(rec.m)} outside [{lo}, {hi}]: oneDNN's `_int_mm` is faster on {where}"
     if not native.compiler_available():
