@@ -906,6 +906,7 @@ bool cpu_has(Level level) {
 }
 
 bool amx_usable();
+bool amx_bf16_gemm();
 
 // The ISA levels this CPU runs, then "amx_bf16" where the AMX path can run (amx_usable).
 std::string supported_isas() {
@@ -1050,12 +1051,15 @@ constexpr int64_t kChunkBytes = 512 << 10;     // converted rows of one chunk, i
 // (1 MiB chunks of 32 rows ran 14336->4096 at M = 512 at 0.5-0.6x of bf16, 8 MiB at 0.8x), x re-read fewer times.
 constexpr int64_t kChunkBytesLargeM = 8 << 20;
 constexpr int64_t kChunkLargeM = 256;
+// Where oneDNN's GEMM has no AMX, wide chunks from M = kChunkLargeMNoAmx (see kChunkedNoAmxMinM).
+constexpr int64_t kChunkLargeMNoAmx = 64;
 constexpr int64_t kChunkMinRows = 64;    // the fewest M rows of a block when M is split among threads
 constexpr int64_t kChunkMaxRows = 1024;  // the most: bounds the [mb, nc] result buffer
 
 void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& opts) {
   const int64_t es = elem_size(p.act);
-  const int64_t budget = p.M >= kChunkLargeM ? kChunkBytesLargeM : kChunkBytes;
+  const int64_t large_m = amx_bf16_gemm() ? kChunkLargeM : kChunkLargeMNoAmx;
+  const int64_t budget = p.M >= large_m ? kChunkBytesLargeM : kChunkBytes;
   const int64_t n16 = (p.N + 15) / 16 * 16;
   int64_t nc = std::clamp<int64_t>(budget / (std::max<int64_t>(p.K, 1) * es) / 16 * 16, 16, n16);
   const int64_t threads = std::max(1, at::get_num_threads());
@@ -1116,9 +1120,13 @@ constexpr int64_t kChunkedMinM = 16;
 // Measured on an AVX512-BF16 EPYC (2 threads, 4096->4096 and 4096->14336; BENCHMARKS.md, "AMD EPYC with
 // AVX512-BF16"): the fp32-FMA kernels ran 0.43-0.62x of bf16 F.linear from M = 16 and the vdpbf16ps ones
 // 0.73-1.16x; the two tie at M = 4 and FMA leads at M = 1-2 (0.356 vs 0.528 ms at M = 1); the chunked path
-// leads from M = 256 (0.91-0.96x against 0.77-0.84x) and ties at 128.
+// leads from M = 256 (0.91-0.96x against 0.77-0.84x). With wide chunks from M = 64 (kChunkLargeMNoAmx) it also
+// leads at M = 64-128 where K = 4096 (0.83-0.89x against 0.76-0.78x) but not where K = 14336 (0.65-0.72x
+// against 0.79x): K up to kChunkedNoAmxMaxK takes it from M = kChunkedNoAmxMinMSmallK.
 constexpr int64_t kDpbf16MinM = 4;
 constexpr int64_t kChunkedNoAmxMinM = 256;
+constexpr int64_t kChunkedNoAmxMinMSmallK = 64;
+constexpr int64_t kChunkedNoAmxMaxK = 4096;
 
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
@@ -1191,9 +1199,10 @@ struct Plan {
   Level level;
 };
 
-// The path of a call with M rows of `act` activations (nk: a [N, K] weight, contiguous along K): the forced
+// The path of a call with M rows of `act` activations and K columns (nk: a [N, K] weight, contiguous along
+// K; K = 0 where unknown reads as a small K): the forced
 // one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the operands it serves, else as auto), else auto's.
-Plan plan_call(int64_t M, DType act, bool nk) {
+Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
   Level level = chosen_level();
   if (level == Level::Avx512Bf16 && act != DType::BF16) {
     level = Level::Avx512;  // vdpbf16ps serves bf16 activations only (kernels_for)
@@ -1209,7 +1218,8 @@ Plan plan_call(int64_t M, DType act, bool nk) {
     return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
   }
   const bool amx_gemm = amx_bf16_gemm();
-  const bool chunked_auto = native_bf16_gemm && M >= (amx_gemm ? kChunkedMinM : kChunkedNoAmxMinM);
+  const int64_t no_amx_min_m = K <= kChunkedNoAmxMaxK ? kChunkedNoAmxMinMSmallK : kChunkedNoAmxMinM;
+  const bool chunked_auto = native_bf16_gemm && M >= (amx_gemm ? kChunkedMinM : no_amx_min_m);
   if (path == Path::Chunked || (path != Path::Direct && chunked_auto)) {
     return {Path::Chunked, level};
   }
@@ -1234,8 +1244,8 @@ DType dtype_of(at::ScalarType t, const char* what) {
 
 // The path and ISA level a call of M rows of x's dtype takes on this CPU (nk: a [N, K] weight): "amx_bf16",
 // "chunked-avx512_bf16", "direct-avx2", ... (the report's kernel tier: the kernel decides, Python only asks).
-std::string plan_name(int64_t M, at::ScalarType x, bool nk) {
-  const Plan plan = plan_call(M, dtype_of(x, "x"), nk);
+std::string plan_name(int64_t M, at::ScalarType x, bool nk, int64_t K) {
+  const Plan plan = plan_call(M, K, dtype_of(x, "x"), nk);
   if (plan.path == Path::Amx) {
     return "amx_bf16";
   }
@@ -1294,7 +1304,7 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   p.M = M;
   p.N = N;
   p.K = K;
-  const Plan plan = plan_call(M, p.act, p.sk == 1);
+  const Plan plan = plan_call(M, p.K, p.act, p.sk == 1);
   switch (plan.path) {
 #ifdef QLOWER_WOQ_X86
     case Path::Amx:
@@ -1324,7 +1334,7 @@ TORCH_LIBRARY(qlower_native, m) {
       "ScalarType out_dtype) -> Tensor",
       TORCH_FN(qlower::woq_int8_gemm));
   m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
-  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk) -> str", &qlower::woq::plan_name);
+  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk, int K=0) -> str", &qlower::woq::plan_name);
 }
 // qlower::woq_int8_gemm's CPU kernel in qlower's own process (its schema and first-call Python kernel:
 // lowerings/kernels/custom_ops.py): compiled graphs call it without a Python frame.
