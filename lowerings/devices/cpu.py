@@ -220,11 +220,10 @@ def woq_gemm_tier(rec: QuantLinear) -> str:
     """The kernel's path and ISA tier for this record, as the kernel itself decides (native.woq_gemm_plan):
     one for a static M, else the path at each of PLAN_SAMPLE_M."""
     nk = rec.weight_layout == "NK"
-    k = int(rec.k) if is_static(rec.k) else 0
     if is_static(rec.m):
-        return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk, k)
+        return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk)
     return "by M: " + ", ".join(
-        f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk, k)}" for m in PLAN_SAMPLE_M
+        f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk)}" for m in PLAN_SAMPLE_M
     )
 
 

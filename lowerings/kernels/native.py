@@ -109,11 +109,11 @@ def supported_isas() -> tuple[str, ...]:
     return tuple(ops().woq_int8_gemm_isas().split(","))
 
 
-def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True, k: int = 0) -> str:
-    """The path and ISA level qlower::woq_int8_gemm takes for M rows of `dtype` activations and K columns (nk:
-    a [N, K] weight; k = 0: unknown, read as small) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the kernel's own decision
+def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True) -> str:
+    """The path and ISA level qlower::woq_int8_gemm takes for M rows of `dtype` activations (nk: a [N, K]
+    weight) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the kernel's own decision
     (`plan_call` in csrc/woq_gemm.cpp), honouring QLOWER_CPU_WOQ_GEMM_PATH and QLOWER_CPU_WOQ_ISA."""
-    return ops().woq_int8_gemm_plan(m, dtype, nk, k)
+    return ops().woq_int8_gemm_plan(m, dtype, nk)
 
 
 def int8_gemm_isa() -> str:

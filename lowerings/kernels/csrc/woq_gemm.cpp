@@ -35,7 +35,7 @@
 //   has AMX and the OS grants the tile state (amx_usable).
 // auto (plan_call, which `woq_int8_gemm_plan` reports): amx for bf16 x from M = kAmxMinM to kAmxMaxM where the
 // tiles are usable; chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16
-// GEMM runs on AMX (amx_bf16_gemm), from kChunkedNoAmxMinM where it does not; else direct. At that level the
+// GEMM runs on AMX (amx_bf16_gemm); else direct. At that level the
 // direct path of bf16 x runs the avx512 fp32-FMA kernels where oneDNN has AMX (faster than vdpbf16ps at
 // M = 1..16 on that Xeon) and below M = kDpbf16MinM, else the vdpbf16ps ones (QLOWER_CPU_WOQ_ISA=avx512_bf16
 // forces them).
@@ -131,7 +131,7 @@ inline void prefetch_row(const Problem& p, const Block& next, int64_t j) {
   }
 }
 
-constexpr int kMaxMr = 4;
+constexpr int kMaxMr = 8;  // the avx512_bf16 kernels; the others stop at 4 (Isa::kMr)
 constexpr int64_t kDirectMaxM = 8;  // Kernels::direct_max_m of every level but avx512_bf16 (kDirectMaxMBf16)
 constexpr int kMaxNr = 8;
 
@@ -425,7 +425,7 @@ void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, 
   const uint16_t* a = static_cast<const uint16_t*>(a_);
   const BT* b = static_cast<const BT*>(b_);
   __m512 acc[MR][NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
@@ -439,7 +439,7 @@ void tile(const void* a_, int64_t lda, const void* b_, int64_t ldb, int64_t kc, 
     for (int j = 0; j < NR; ++j) {
       bv[j] = load_b32(b + j * ldb + k);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512bh av = (__m512bh)_mm512_loadu_si512(a + i * lda + k);
 #pragma GCC unroll 8
@@ -502,17 +502,21 @@ void fill(TileFn (&row)[kMaxNr + 1]) {
   }
 }
 
-// In-register conversion up to M = 32: on an AVX512-BF16 EPYC (no AMX) it ran M = 16 / 32 at 1.12-1.16x / 0.89-0.90x
-// of bf16 F.linear where the buffered path ran 0.73x (BENCHMARKS.md, "AMD EPYC with AVX512-BF16"); at M = 64 the
-// two tie.
-constexpr int64_t kDirectMaxMBf16 = 32;
-constexpr int kNrDirect[kMaxMr + 1] = {0, 8, 8, 6, 5};  // int8 -> bf16 in registers takes two more
-constexpr int kNrPacked[kMaxMr + 1] = {0, 8, 8, 7, 6};
+// In-register conversion at every M, eight rows per tile: each B vector (five instructions to convert from
+// int8) serves eight vdpbf16ps instead of four, and the unit's int8 rows stay in L2 between passes. On an
+// AVX512-BF16 EPYC without AMX (2 threads; BENCHMARKS.md, "AMD EPYC with AVX512-BF16") this ran M = 16-128 at
+// 0.93-1.49x of bf16 F.linear, where four-row tiles ran 0.74-1.22x in registers (to M = 32) and 0.73-0.79x on
+// the converted buffer above, and ties or beats the chunked path at M = 256-1024 (0.88-0.97x against
+// 0.78-0.96x). Accumulators MR x NR, NR B vectors, one A and two conversion temporaries fit the 32 zmm registers.
+constexpr int64_t kDirectMaxMBf16 = int64_t{1} << 40;
+constexpr int kMrBf16 = 8;
+constexpr int kNrDirect[kMaxMr + 1] = {0, 8, 8, 6, 5, 4, 4, 3, 3};  // int8 -> bf16 in registers takes two more
+constexpr int kNrPacked[kMaxMr + 1] = {0, 8, 8, 7, 6, 5, 4, 3, 3};
 
 Kernels make_kernels() {
   Kernels k{};
   k.name = "avx512_bf16";
-  k.mr_max = 4;
+  k.mr_max = kMrBf16;
   for (int mr = 0; mr <= kMaxMr; ++mr) {
     k.nr_direct[mr] = kNrDirect[mr];
     k.nr_packed[mr] = kNrPacked[mr];
@@ -528,6 +532,14 @@ Kernels make_kernels() {
   fill<uint16_t, 2, kNrPacked[2]>(k.packed[2]);
   fill<uint16_t, 3, kNrPacked[3]>(k.packed[3]);
   fill<uint16_t, 4, kNrPacked[4]>(k.packed[4]);
+  fill<int8_t, 5, kNrDirect[5]>(k.direct[5]);
+  fill<int8_t, 6, kNrDirect[6]>(k.direct[6]);
+  fill<int8_t, 7, kNrDirect[7]>(k.direct[7]);
+  fill<int8_t, 8, kNrDirect[8]>(k.direct[8]);
+  fill<uint16_t, 5, kNrPacked[5]>(k.packed[5]);
+  fill<uint16_t, 6, kNrPacked[6]>(k.packed[6]);
+  fill<uint16_t, 7, kNrPacked[7]>(k.packed[7]);
+  fill<uint16_t, 8, kNrPacked[8]>(k.packed[8]);
   k.pack_a = nullptr;  // A is x itself
   k.pack_b = &pack_b;
   k.epilogue = &avx512::epilogue;
@@ -906,7 +918,6 @@ bool cpu_has(Level level) {
 }
 
 bool amx_usable();
-bool amx_bf16_gemm();
 
 // The ISA levels this CPU runs, then "amx_bf16" where the AMX path can run (amx_usable).
 std::string supported_isas() {
@@ -1051,15 +1062,12 @@ constexpr int64_t kChunkBytes = 512 << 10;     // converted rows of one chunk, i
 // (1 MiB chunks of 32 rows ran 14336->4096 at M = 512 at 0.5-0.6x of bf16, 8 MiB at 0.8x), x re-read fewer times.
 constexpr int64_t kChunkBytesLargeM = 8 << 20;
 constexpr int64_t kChunkLargeM = 256;
-// Where oneDNN's GEMM has no AMX, wide chunks from M = kChunkLargeMNoAmx (see kChunkedNoAmxMinM).
-constexpr int64_t kChunkLargeMNoAmx = 64;
 constexpr int64_t kChunkMinRows = 64;    // the fewest M rows of a block when M is split among threads
 constexpr int64_t kChunkMaxRows = 1024;  // the most: bounds the [mb, nc] result buffer
 
 void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& opts) {
   const int64_t es = elem_size(p.act);
-  const int64_t large_m = amx_bf16_gemm() ? kChunkLargeM : kChunkLargeMNoAmx;
-  const int64_t budget = p.M >= large_m ? kChunkBytesLargeM : kChunkBytes;
+  const int64_t budget = p.M >= kChunkLargeM ? kChunkBytesLargeM : kChunkBytes;
   const int64_t n16 = (p.N + 15) / 16 * 16;
   int64_t nc = std::clamp<int64_t>(budget / (std::max<int64_t>(p.K, 1) * es) / 16 * 16, 16, n16);
   const int64_t threads = std::max(1, at::get_num_threads());
@@ -1116,17 +1124,11 @@ constexpr const char* kPathNames[] = {"auto", "direct", "chunked", "amx"};
 constexpr int64_t kChunkedMinM = 16;
 
 // Where oneDNN's bf16 GEMM runs on AVX512-BF16 instead (an EPYC; a Xeon with ONEDNN_MAX_CPU_ISA capped below
-// AMX), auto runs the vdpbf16ps kernels from M = kDpbf16MinM and the chunked path from M = kChunkedNoAmxMinM.
-// Measured on an AVX512-BF16 EPYC (2 threads, 4096->4096 and 4096->14336; BENCHMARKS.md, "AMD EPYC with
-// AVX512-BF16"): the fp32-FMA kernels ran 0.43-0.62x of bf16 F.linear from M = 16 and the vdpbf16ps ones
-// 0.73-1.16x; the two tie at M = 4 and FMA leads at M = 1-2 (0.356 vs 0.528 ms at M = 1); the chunked path
-// leads from M = 256 (0.91-0.96x against 0.77-0.84x). With wide chunks from M = 64 (kChunkLargeMNoAmx) it also
-// leads at M = 64-128 where K = 4096 (0.83-0.89x against 0.76-0.78x) but not where K = 14336 (0.65-0.72x
-// against 0.79x): K up to kChunkedNoAmxMaxK takes it from M = kChunkedNoAmxMinMSmallK.
+// AMX), auto runs the vdpbf16ps kernels from M = kDpbf16MinM, the fp32-FMA ones below, and no chunks. Measured
+// on an AVX512-BF16 EPYC (2 threads; BENCHMARKS.md, "AMD EPYC with AVX512-BF16"): the fp32-FMA kernels ran
+// 0.43-0.62x of bf16 F.linear from M = 16; the two tie at M = 4 and FMA leads at M = 1-2 (0.356 vs 0.528 ms
+// at M = 1, 4096^2).
 constexpr int64_t kDpbf16MinM = 4;
-constexpr int64_t kChunkedNoAmxMinM = 256;
-constexpr int64_t kChunkedNoAmxMinMSmallK = 64;
-constexpr int64_t kChunkedNoAmxMaxK = 4096;
 
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
@@ -1199,10 +1201,9 @@ struct Plan {
   Level level;
 };
 
-// The path of a call with M rows of `act` activations and K columns (nk: a [N, K] weight, contiguous along
-// K; K = 0 where unknown reads as a small K): the forced
+// The path of a call with M rows of `act` activations (nk: a [N, K] weight, contiguous along K): the forced
 // one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the operands it serves, else as auto), else auto's.
-Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
+Plan plan_call(int64_t M, DType act, bool nk) {
   Level level = chosen_level();
   if (level == Level::Avx512Bf16 && act != DType::BF16) {
     level = Level::Avx512;  // vdpbf16ps serves bf16 activations only (kernels_for)
@@ -1218,8 +1219,7 @@ Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
     return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
   }
   const bool amx_gemm = amx_bf16_gemm();
-  const int64_t no_amx_min_m = K <= kChunkedNoAmxMaxK ? kChunkedNoAmxMinMSmallK : kChunkedNoAmxMinM;
-  const bool chunked_auto = native_bf16_gemm && M >= (amx_gemm ? kChunkedMinM : no_amx_min_m);
+  const bool chunked_auto = native_bf16_gemm && amx_gemm && M >= kChunkedMinM;
   if (path == Path::Chunked || (path != Path::Direct && chunked_auto)) {
     return {Path::Chunked, level};
   }
@@ -1244,8 +1244,8 @@ DType dtype_of(at::ScalarType t, const char* what) {
 
 // The path and ISA level a call of M rows of x's dtype takes on this CPU (nk: a [N, K] weight): "amx_bf16",
 // "chunked-avx512_bf16", "direct-avx2", ... (the report's kernel tier: the kernel decides, Python only asks).
-std::string plan_name(int64_t M, at::ScalarType x, bool nk, int64_t K) {
-  const Plan plan = plan_call(M, K, dtype_of(x, "x"), nk);
+std::string plan_name(int64_t M, at::ScalarType x, bool nk) {
+  const Plan plan = plan_call(M, dtype_of(x, "x"), nk);
   if (plan.path == Path::Amx) {
     return "amx_bf16";
   }
@@ -1304,7 +1304,7 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   p.M = M;
   p.N = N;
   p.K = K;
-  const Plan plan = plan_call(M, p.K, p.act, p.sk == 1);
+  const Plan plan = plan_call(M, p.act, p.sk == 1);
   switch (plan.path) {
 #ifdef QLOWER_WOQ_X86
     case Path::Amx:
@@ -1334,7 +1334,7 @@ TORCH_LIBRARY(qlower_native, m) {
       "ScalarType out_dtype) -> Tensor",
       TORCH_FN(qlower::woq_int8_gemm));
   m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
-  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk, int K=0) -> str", &qlower::woq::plan_name);
+  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk) -> str", &qlower::woq::plan_name);
 }
 // qlower::woq_int8_gemm's CPU kernel in qlower's own process (its schema and first-call Python kernel:
 // lowerings/kernels/custom_ops.py): compiled graphs call it without a Python frame.
