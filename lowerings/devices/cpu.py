@@ -123,6 +123,9 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #   AMX (auto = chunked from M = 16): M=128 11.6 | 24.7 vs dequant + GEMM 23.0 | 48.6; M=1024 58.6 | 105 vs
 #     79.7 | 268.
 #   So every M; the one loss measured, M = 16 against int8pack, is to a lowering AUTO does not rank there.
+#   On an AVX512-BF16 EPYC itself (no AMX; BENCHMARKS.md, "AMD EPYC with AVX512-BF16"), where auto now runs the
+#   vdpbf16ps kernels from M = 4: 1.31-4.3x of bf16 F.linear at M <= 32, 0.88-1.05x above, against
+#   `_weight_int8pack_mm` 0.57-2.7x (M <= 16) and dequant + GEMM 0.13-0.89x at every M.
 #   With the amx path (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm", the Sapphire Rapids table) the op
 #   is the fastest int8 lowering at every M measured there as well.
 WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
