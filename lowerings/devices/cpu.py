@@ -149,6 +149,19 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
 WOQ_GEMM_MIN_WEIGHT: dict[str, int] = {"avx2": 0}
 WOQ_GEMM_MIN_WEIGHT_DEFAULT = 2**22
 WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19}
+# AVX512-BF16 without AMX (an EPYC, 2 threads, `python scripts/bench_cpu_woq_gemm.py --threads 2 --shapes
+# 512x512,1024x1024,512x1536,2048x2048 --ms 1,4,16,128 --paths auto --rounds 3`; BENCHMARKS.md, "AMD EPYC with
+# AVX512-BF16"): below K * N = 2^22 the op still ran 1.10-1.30x of bf16 at M = 16 against
+# `_weight_int8pack_mm`'s 0.59-0.76x and dequant + GEMM's 0.60-0.69x, and 1.66-3.4x at M = 1-4 (int8pack ahead
+# only at 512x512, M = 1: 0.009 vs 0.012 ms), but lost at M = 128 (0.74-0.88x against dequant + GEMM's
+# 0.82-0.93x): small weights take it for a static M up to this, int8pack below K * N = 2^19 at M <= 8.
+WOQ_GEMM_SMALL_MAX_M_NO_AMX = 16
+WOQ_GEMM_SMALL_PACKED_NO_AMX = 2**19
+
+
+def woq_no_amx_bf16(isa: str) -> bool:
+    """Whether the kernel runs its vdpbf16ps tiles here: the avx512_bf16 level on a CPU without AMX tiles."""
+    return isa == "avx512_bf16" and not torch.cpu._is_amx_tile_supported()
 
 
 def cpu_woq_isa() -> str:
@@ -186,9 +199,12 @@ def woq_gemm_preferred(rec: QuantLinear) -> str | None:
         return f"K={rec.k}, N={rec.n} are not static: the weight-size limits below need them"
     weight = int(rec.k) * int(rec.n)
     min_weight = WOQ_GEMM_MIN_WEIGHT.get(isa, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
-    if weight < min_weight:
-        return f"K*N={weight} < {min_weight}: not measured faster on the {isa} path (WOQ_GEMM_MIN_WEIGHT)"
     packed_below = WOQ_GEMM_SMALL_PACKED.get(isa, 0)
+    small_m = is_static(rec.m) and int(rec.m) <= WOQ_GEMM_SMALL_MAX_M_NO_AMX
+    if weight < min_weight and woq_no_amx_bf16(isa) and small_m:
+        packed_below = WOQ_GEMM_SMALL_PACKED_NO_AMX  # WOQ_GEMM_SMALL_MAX_M_NO_AMX
+    elif weight < min_weight:
+        return f"K*N={weight} < {min_weight}: not measured faster on the {isa} path (WOQ_GEMM_MIN_WEIGHT)"
     packed_m = PACKED_MAX_M[rec.compute_dtype]
     if weight < packed_below and is_static(rec.m) and packed_m is not None and int(rec.m) <= packed_m:
         return (
