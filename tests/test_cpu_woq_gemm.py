@@ -516,7 +516,9 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
 
     monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, (cpu_lowerings.cpu_woq_isa(), BF16), (0, None))
     monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT_DEFAULT", 0)
-    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MIN_WEIGHT, cpu_lowerings.cpu_woq_isa(), 0)
+    tier = cpu_lowerings.woq_weight_tier(cpu_lowerings.cpu_woq_isa())
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MIN_WEIGHT, tier, 0)
+    monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_SMALL_PACKED, tier, 0)
     report = apply_pass(fake_woq_graph("cpu", m=m, k=4096, n=64))
     row = report.entries[0]
     assert row.lowering == "qlower.woq_int8_gemm", report.table()

@@ -148,20 +148,22 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
 # `_weight_int8pack_mm`).
 WOQ_GEMM_MIN_WEIGHT: dict[str, int] = {"avx2": 0}
 WOQ_GEMM_MIN_WEIGHT_DEFAULT = 2**22
-WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19}
-# AVX512-BF16 without AMX (an EPYC, 2 threads, `python scripts/bench_cpu_woq_gemm.py --threads 2 --shapes
-# 512x512,1024x1024,512x1536,2048x2048 --ms 1,4,16,128 --paths auto --rounds 3`; BENCHMARKS.md, "AMD EPYC with
-# AVX512-BF16"): below K * N = 2^22 the op still ran 1.10-1.30x of bf16 at M = 16 against
+# The small-weight tables are keyed by `woq_weight_tier`: the ISA level, split at avx512_bf16 by whether the CPU
+# has AMX tiles. AVX512-BF16 without AMX (an EPYC, 2 threads, `python scripts/bench_cpu_woq_gemm.py --threads 2
+# --shapes 512x512,1024x1024,512x1536,2048x2048 --ms 1,4,16,128 --paths auto --rounds 3`; BENCHMARKS.md, "AMD
+# EPYC with AVX512-BF16"): below K * N = 2^22 the op still ran 1.10-1.30x of bf16 at M = 16 against
 # `_weight_int8pack_mm`'s 0.59-0.76x and dequant + GEMM's 0.60-0.69x, and 1.66-3.4x at M = 1-4 (int8pack ahead
 # only at 512x512, M = 1: 0.009 vs 0.012 ms), but lost at M = 128 (0.74-0.88x against dequant + GEMM's
-# 0.82-0.93x): small weights take it for a static M up to this, int8pack below K * N = 2^19 at M <= 8.
-WOQ_GEMM_SMALL_MAX_M_NO_AMX = 16
-WOQ_GEMM_SMALL_PACKED_NO_AMX = 2**19
+# 0.82-0.93x): there small weights take it for a static M up to WOQ_GEMM_SMALL_MAX_M, int8pack below K * N =
+# 2^19 at M <= 8.
+WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19, "avx512_bf16_no_amx": 2**19}
+WOQ_GEMM_SMALL_MAX_M: dict[str, int] = {"avx512_bf16_no_amx": 16}  # below WOQ_GEMM_MIN_WEIGHT, static M only
 
 
-def woq_no_amx_bf16(isa: str) -> bool:
-    """Whether the kernel runs its vdpbf16ps tiles here: the avx512_bf16 level on a CPU without AMX tiles."""
-    return isa == "avx512_bf16" and not torch.cpu._is_amx_tile_supported()
+def woq_weight_tier(isa: str) -> str:
+    """The key of the small-weight tables: `isa`, with "_no_amx" appended at avx512_bf16 on a CPU without AMX
+    tiles (where the kernel runs its vdpbf16ps tiles)."""
+    return f"{isa}_no_amx" if isa == "avx512_bf16" and not torch.cpu._is_amx_tile_supported() else isa
 
 
 def cpu_woq_isa() -> str:
@@ -198,13 +200,13 @@ def woq_gemm_preferred(rec: QuantLinear) -> str | None:
     if not (is_static(rec.k) and is_static(rec.n)):
         return f"K={rec.k}, N={rec.n} are not static: the weight-size limits below need them"
     weight = int(rec.k) * int(rec.n)
-    min_weight = WOQ_GEMM_MIN_WEIGHT.get(isa, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
-    packed_below = WOQ_GEMM_SMALL_PACKED.get(isa, 0)
-    small_m = is_static(rec.m) and int(rec.m) <= WOQ_GEMM_SMALL_MAX_M_NO_AMX
-    if weight < min_weight and woq_no_amx_bf16(isa) and small_m:
-        packed_below = WOQ_GEMM_SMALL_PACKED_NO_AMX  # WOQ_GEMM_SMALL_MAX_M_NO_AMX
-    elif weight < min_weight:
+    tier = woq_weight_tier(isa)
+    min_weight = WOQ_GEMM_MIN_WEIGHT.get(tier, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
+    small_max_m = WOQ_GEMM_SMALL_MAX_M.get(tier)
+    small_m = small_max_m is not None and is_static(rec.m) and int(rec.m) <= small_max_m
+    if weight < min_weight and not small_m:
         return f"K*N={weight} < {min_weight}: not measured faster on the {isa} path (WOQ_GEMM_MIN_WEIGHT)"
+    packed_below = WOQ_GEMM_SMALL_PACKED.get(tier, 0)
     packed_m = PACKED_MAX_M[rec.compute_dtype]
     if weight < packed_below and is_static(rec.m) and packed_m is not None and int(rec.m) <= packed_m:
         return (
