@@ -34,6 +34,9 @@ import torch
 import qlower
 
 FLOWS = ("bf16", "stock", "qlower")
+# qlower_unwrapped: the quantized model after torchao's `unwrap_tensor_subclass` (plain int8 and scale tensors
+# behind a parametrization), so the compiled step takes plain tensors instead of flattening subclasses per call.
+EXTRA_FLOWS = ("qlower_unwrapped",)
 ROUNDS = 5  # timed rounds of generate(1) and generate(N); the minimum of each
 SMALL = dict(
     hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=8, vocab_size=4096
@@ -63,12 +66,19 @@ def build(arch: str, dims: dict[str, int], device: str) -> torch.nn.Module:
     common = dict(
         dims, num_key_value_heads=max(1, dims["num_attention_heads"] // 4), max_position_embeddings=512
     )
-    if arch == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif arch == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
-    else:
-        raise ValueError(arch)
+    classes = {
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+        "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
+    }
+    model_class, config_class = classes[arch]
+    # Built on the device in bf16: a CPU fp32 init of the 128256-row vocab takes minutes.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = model_class(config_class(**common))
+    finally:
+        torch.set_default_dtype(previous)
     return model.to(device=device, dtype=torch.bfloat16).eval()
 
 
@@ -81,7 +91,7 @@ def quantize(model: torch.nn.Module, family: str) -> torch.nn.Module:
 
 
 def options(flow: str, device: str) -> dict[str, Any] | None:
-    if flow != "qlower":
+    if not flow.startswith("qlower"):
         return None
     return qlower.inductor_options(mode="reduce-overhead") if device == "cuda" else qlower.inductor_options()
 
@@ -91,6 +101,10 @@ def prepare(model: torch.nn.Module, flow: str, cache: str, device: str) -> torch
     import transformers
 
     model = copy.deepcopy(model)
+    if flow.endswith("_unwrapped"):
+        from torchao.utils import unwrap_tensor_subclass
+
+        model = unwrap_tensor_subclass(model)
     opts = options(flow, device)
     if cache == "static":
         model.generation_config.cache_implementation = "static"
@@ -160,14 +174,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
             with torch.no_grad():
                 eager_tokens = greedy(quantized, ids, args.new_tokens)
             for cache in args.caches:
-                for flow in FLOWS:
+                for flow in args.flows:
                     model, want = (base, bf16_tokens) if flow == "bf16" else (quantized, eager_tokens)
                     qlower.clear_reports()
                     ms, first, peak, equal = run_flow(
                         model, flow, cache, args.device, ids, args.new_tokens, want
                     )
                     entries = [d for r in qlower.all_reports() for d in r]
-                    lowered = f"{sum(d.lowered for d in entries)}/{len(entries)}" if flow == "qlower" else ""
+                    lowered = (
+                        f"{sum(d.lowered for d in entries)}/{len(entries)}"
+                        if flow.startswith("qlower")
+                        else ""
+                    )
                     rows.append(Row(arch, family, cache, flow, ms, first, peak, equal, lowered))
                     print(f"{arch} {family} {cache} {flow}: {ms:.3f} ms/token, first {first:.1f} s, "
                           f"peak {peak} MiB, tokens equal {equal} {lowered}", flush=True)  # fmt: skip
@@ -175,26 +193,19 @@ def measure(args: argparse.Namespace) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    """One line per (arch, family, cache): each flow's decode ms/token and its ratio to bf16's."""
+    """One line per (arch, family, cache, flow): decode ms/token and its ratio to the same key's bf16 flow."""
     lines = [
-        "| model | family | cache | bf16 ms/tok | stock ms/tok (×bf16) | qlower ms/tok (×bf16) | first call s "
-        "(bf16 / stock / qlower) | peak MiB (bf16 / stock / qlower) | leading tokens = eager's | qlower lowered |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | family | cache | flow | ms/tok (×bf16) | first call s | peak MiB | leading tokens = eager's "
+        "| qlower lowered |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = sorted(
-        {(r.arch, r.family, r.cache) for r in rows}, key=lambda k: [r.arch for r in rows].index(k[0])
-    )
-    for key in keys:
-        by = {r.flow: r for r in rows if (r.arch, r.family, r.cache) == key}
-        if set(by) != set(FLOWS):
-            continue
-        bf = by["bf16"].decode_ms
-        cells = [f"{by[f].decode_ms:.3f} ({bf / by[f].decode_ms:.2f}×)" for f in ("stock", "qlower")]
-        first = " / ".join(f"{by[f].first_call_s:.1f}" for f in FLOWS)
-        peak = " / ".join("—" if by[f].peak_mib is None else f"{by[f].peak_mib:.0f}" for f in FLOWS)
-        equal = " / ".join(str(by[f].tokens_equal) for f in FLOWS)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {bf:.3f} | {' | '.join(cells)} | {first} | {peak} | "
-                     f"{equal} | {by['qlower'].lowered} |")  # fmt: skip
+    bf16 = {(r.arch, r.family, r.cache): r.decode_ms for r in rows if r.flow == "bf16"}
+    for r in rows:
+        base = bf16.get((r.arch, r.family, r.cache))
+        ratio = f" ({base / r.decode_ms:.2f}×)" if base else ""
+        peak = "—" if r.peak_mib is None else f"{r.peak_mib:.0f}"
+        lines.append(f"| {r.arch} | {r.family} | {r.cache} | {r.flow} | {r.decode_ms:.3f}{ratio} | "
+                     f"{r.first_call_s:.1f} | {peak} | {r.tokens_equal} | {r.lowered} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -206,6 +217,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--archs", default="llama", type=lambda s: s.split(","))
     p.add_argument("--families", default="woq_int8", type=lambda s: s.split(","))
     p.add_argument("--caches", default="dynamic", type=lambda s: s.split(","))
+    p.add_argument(
+        "--flows", default=",".join(FLOWS), type=lambda s: s.split(","), help=f"of {FLOWS + EXTRA_FLOWS}"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)

@@ -34,4 +34,4 @@ def test_tiny_generate_rows_for_every_flow(tmp_path: Path) -> None:
     done, total = (int(v) for v in rows["qlower"]["lowered"].split("/"))
     assert total > 0 and done == total, rows["qlower"]  # every linear of the prefill and decode graphs
     table = (tmp_path / "hf_cpu.md").read_text()
-    assert "| llama | woq_int8 | dynamic |" in table, table
+    assert "| llama | woq_int8 | dynamic | qlower |" in table, table
