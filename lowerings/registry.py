@@ -13,7 +13,7 @@ and `replace=True` or `unregister_backend` still drops them, exactly as when the
 
 from __future__ import annotations
 
-import contextvars
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +26,32 @@ from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.record import QuantLinear
 
 SupportsFn = Callable[[QuantLinear], "str | None"]
-EmitFn = Callable[[fx.Graph, QuantLinear], fx.Node]
+EmitFn = Callable[[fx.Graph, QuantLinear, KernelPreference], fx.Node]
+
+
+def _positional_params(fn: Callable) -> int | None:
+    """How many positional arguments `fn` takes (None: any number, or its signature is not readable)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _taking_preference(emit: Callable) -> EmitFn:
+    """`emit` as (graph, record, preference): an emitter of (graph, record) alone, as backends registered before
+    emitters took the preference, is called without it."""
+    count = _positional_params(emit)
+    if count is None or count >= 3:
+        return emit
+
+    def call(graph: fx.Graph, record: QuantLinear, preference: KernelPreference) -> fx.Node:
+        return emit(graph, record)
+
+    call.without_preference = True  # type: ignore[attr-defined]  (tests/test_layout.py)
+    return call
 
 
 @dataclass(frozen=True)
@@ -36,7 +61,10 @@ class Lowering:
     `supports(record)` returns None when the lowering is correct for the record, else a short reason.
     `prefer(record)`, consulted only under `KernelPreference.AUTO`, returns None where the lowering is also the
     fastest choice measured, else why AUTO passes it over (an explicit preference of its kind still takes it).
-    `emit(graph, record)` inserts the kernel call and returns the node that replaces `record.output`.
+    `emit(graph, record, preference)` inserts the kernel call and returns the node that replaces
+    `record.output`; `preference` is the one the choice was made under (an emitter whose op also chooses at run
+    time, by a symbolic M, applies AUTO's crossovers only under AUTO; the device rules hand it those numbers as
+    arguments, `devices/crossovers.py`). An emitter of (graph, record) alone is called without it.
     `emits` names the aten ops ("aten::_scaled_mm_v2") the emitted graph leaves to Inductor as extern
     kernels: AOTInductor needs a C shim for each, and `python -m qlower shims` generates those the installed
     torch lacks (qlower's own ops are always shimmed).
@@ -56,6 +84,9 @@ class Lowering:
     prefer: SupportsFn | None = None
     detail: Callable[[QuantLinear], str] | None = None
     available: Callable[[], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "emit", _taking_preference(self.emit))
 
 
 def _no_description(device: torch.device) -> str:
@@ -171,29 +202,6 @@ def decision_env() -> tuple[str, ...]:
     ensure_builtin_backends()
     with _LOCK:
         return tuple(sorted({v for b in _BACKENDS.values() for v in b.env}))
-
-
-_EMITTING_UNDER: contextvars.ContextVar[KernelPreference] = contextvars.ContextVar(
-    "qlower_emitting_under", default=KernelPreference.AUTO
-)
-
-
-def emit_chosen(
-    lowering: Lowering, graph: fx.Graph, record: QuantLinear, preference: KernelPreference
-) -> fx.Node:
-    """Run `lowering.emit` for a choice made under `preference` (what `emitting_under` then returns)."""
-    token = _EMITTING_UNDER.set(preference)
-    try:
-        return lowering.emit(graph, record)
-    finally:
-        _EMITTING_UNDER.reset(token)
-
-
-def emitting_under() -> KernelPreference:
-    """The preference of the choice being emitted. An emitter reads it only where AUTO's measured crossover
-    lives inside the kernel call (woq-int8's Triton op at a symbolic M hands M above the crossover to cuBLAS;
-    an explicit TRITON keeps its kernels at every M)."""
-    return _EMITTING_UNDER.get()
 
 
 def _family_lowerings(backend: Backend, family: str) -> list[Lowering]:

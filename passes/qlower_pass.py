@@ -23,7 +23,7 @@ from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.common import EMITTED_BRANCH
 from qlower.lowerings.emit.mx import legalize_e8m0, note_lowered, redecode_readers
 from qlower.lowerings.preference import parse_preference
-from qlower.lowerings.registry import Choice, decision_env, emit_chosen
+from qlower.lowerings.registry import Choice, decision_env
 from qlower.passes import report as reporting
 from qlower.passes.canonicalize import canonicalize
 from qlower.patterns import FAMILIES, QuantLinear, Rejection
@@ -149,7 +149,7 @@ class QLowerPass(CustomGraphPass):
                 lowering=None, reason=choice.reason, passed_over=choice.passed_over, **base
             )
         why = _why_chosen(choice, self.preference, cand)
-        new = emit_chosen(choice.lowering, graph, cand, self.preference)
+        new = choice.lowering.emit(graph, cand, self.preference)
         _check_same_value(cand.output, new)
         cand.output.replace_all_uses_with(new)
         _erase_dead(graph, cand.nodes)

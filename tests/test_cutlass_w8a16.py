@@ -39,7 +39,7 @@ def _decide(m: int, k: int = 4096, n: int = 1024, capability=(9, 0), **kw) -> ql
 
 
 def test_auto_takes_cutlass_for_static_m_in_its_range(built):
-    lo, hi = qlower.lowerings.devices.cuda_cutlass.CUTLASS_M_RANGE
+    lo, hi = qlower.lowerings.devices.crossovers.CUTLASS_W8A16_M_RANGE
     report = _decide(m=lo)
     assert report.entries[0].lowering == LOWERING, report.table()
     assert "= qlower.woq_int8_cutlass(x_1, w_1, " in report.graph, report.graph
@@ -74,7 +74,7 @@ def test_library_is_built_only_for_a_choice_that_takes_it(monkeypatch):
         raise AssertionError("the CUTLASS library was built for a record it does not serve")
 
     monkeypatch.setattr(build, "library", no_build)
-    lo, _ = qlower.lowerings.devices.cuda_cutlass.CUTLASS_M_RANGE
+    lo, _ = qlower.lowerings.devices.crossovers.CUTLASS_W8A16_M_RANGE
     for m in (1, lo - 1):
         report = _decide(m=m)
         assert report.entries[0].lowering != LOWERING, report.table()

@@ -145,6 +145,49 @@ def test_emit_asks_no_device_rules():
     assert not bad
 
 
+def test_only_devices_read_the_crossovers():
+    """AUTO's M crossovers live in one table, devices/crossovers.py, which only devices/ reads (emitters get
+    the numbers they need as arguments); no module of lowerings/ passes an emitter the preference by a side
+    channel (the registry calls `emit(graph, record, preference)`)."""
+    table = "qlower.lowerings.devices.crossovers"
+    bad = {
+        name: sorted(m for m in _imports(p, False) if m == table or m.startswith(table + "."))
+        for name, p in _modules().items()
+        if not name.startswith("qlower.lowerings.devices")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+    side_channels = {
+        name for name, p in _modules().items() if re.search(r"\bcontextvars\b", p.read_text())
+    }
+    assert not {n for n in side_channels if n.startswith("qlower.lowerings")}, side_channels
+
+
+def test_every_builtin_emitter_takes_the_preference():
+    """Every built-in lowering's emitter takes (graph, record, preference): none is one the registry has to wrap
+    (the wrap is for backends registered with (graph, record) emitters)."""
+    from qlower.lowerings import backends
+    from qlower.lowerings.registry import ensure_builtin_backends
+
+    ensure_builtin_backends()
+    wrapped = [
+        lw.name
+        for backend in backends().values()
+        for lw in backend.lowerings
+        if getattr(lw.emit, "without_preference", False)
+    ]
+    assert not wrapped
+
+
+def test_mx_crossovers_are_the_mx_ops_ranges():
+    """The MX crossovers AUTO declines above are the ranges the op's decode and GEMV kernels serve."""
+    pytest.importorskip("triton")
+    from qlower.lowerings.devices import crossovers
+    from qlower.lowerings.kernels.triton.mx import ops
+
+    assert crossovers.MX_WEIGHT_ONLY_TRITON_MAX_M == ops.DECODE_MAX_M
+    assert crossovers.MX_DYNAMIC_TRITON_MAX_M == ops.GEMV_MAX_M
+
+
 def test_nothing_inside_imports_the_public_api():
     """passes/, patterns/, lowerings/ never import the root package or qlower/'s public API modules."""
     mods = _modules()

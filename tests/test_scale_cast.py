@@ -28,6 +28,7 @@ from conftest import SUBPROCESS_TIMEOUT_S
 from woq_models import assert_close_to_reference
 
 from qlower import testing
+from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import woq_int8
 from qlower.patterns.record import QuantLinear, ScaleCast, ScaleSite
 
@@ -270,7 +271,7 @@ def test_emitted_graph_takes_the_fp32_scale_and_drops_the_cast(m: int) -> None:
         (rec,) = woq_int8.find(gm.graph)
         src = rec.scale_cast.source
         assert _casts_of(gm, src)
-        new = triton_int8.emit_woq_int8(gm.graph, rec)
+        new = triton_int8.emit_woq_int8(gm.graph, rec, KernelPreference.AUTO)
         rec.output.replace_all_uses_with(new)
         _erase_dead(gm.graph, rec.nodes)
     gm.graph.lint()

@@ -83,8 +83,9 @@ def _lower_stack(layers: int, monkeypatch) -> tuple[int, int]:
     """(analyses torch ran, Triton launches emitted) for `layers` woq linears lowered with a symbolic M."""
     from torch._higher_order_ops import triton_kernel_wrap
 
+    from qlower.lowerings.devices import cuda as cuda_rules
     from qlower.lowerings.emit import triton_access_cache
-    from qlower.lowerings.emit import triton_int8 as lowering
+    from qlower.lowerings.preference import KernelPreference
 
     name = next(n for n in triton_access_cache.ANALYSES if hasattr(triton_kernel_wrap, n))
     original = getattr(triton_kernel_wrap, name)
@@ -102,7 +103,9 @@ def _lower_stack(layers: int, monkeypatch) -> tuple[int, int]:
         records = FAMILIES["woq_int8"](gm.graph)
         assert len(records) == layers
         for rec in records:
-            rec.output.replace_all_uses_with(lowering.emit_woq_int8(gm.graph, rec))
+            rec.output.replace_all_uses_with(
+                cuda_rules.WOQ_INT8_TRITON.emit(gm.graph, rec, KernelPreference.AUTO)
+            )
         gm.graph.eliminate_dead_code()
     hop = torch.ops.higher_order.triton_kernel_wrapper_functional
     graphs = [sub.graph for _, sub in gm.named_modules() if isinstance(sub, torch.fx.GraphModule)]

@@ -25,8 +25,10 @@ from woq_models import WoqLinear
 
 import qlower
 from qlower import testing
+from qlower.lowerings.devices import crossovers
 from qlower.lowerings.kernels.triton import configs
 from qlower.lowerings.kernels.triton.configs import decode_dot, mm
+from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -132,7 +134,6 @@ def _lowered_cpu_graph(
 ):
     """Trace a woq linear on CPU and apply the Triton lowering's emit directly (supports() needs CUDA)."""
     from qlower.lowerings.devices import cuda as cuda_rules
-    from qlower.lowerings.emit import triton_int8 as lowering
 
     model = WoqLinear(k, n, torch.bfloat16, form=form, bias=bias)
     x = torch.randn(2, 5, k, dtype=torch.bfloat16) if m == 10 else torch.randn(1, m, k, dtype=torch.bfloat16)
@@ -141,7 +142,7 @@ def _lowered_cpu_graph(
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = FAMILIES["woq_int8"](gm.graph)
         assert cuda_rules.WOQ_INT8_TRITON.supports(rec) is not None  # declines off CUDA, with a reason
-        new = lowering.emit_woq_int8(gm.graph, rec)
+        new = cuda_rules.WOQ_INT8_TRITON.emit(gm.graph, rec, KernelPreference.AUTO)
         rec.output.replace_all_uses_with(new)
         gm.graph.eliminate_dead_code()
     gm.graph.lint()
@@ -289,7 +290,7 @@ PLAN_SHAPES += tuple(
 def _plans():
     for static, table, max_m in (
         (configs.woq_int8_config, configs.WOQ_INT8_TUNED, None),
-        (configs.woq_int8_config, configs.WOQ_INT8_TUNED, configs.WOQ_INT8_MAX_M),
+        (configs.woq_int8_config, configs.WOQ_INT8_TUNED, crossovers.WOQ_INT8_TRITON_MAX_M),
         (configs.dynamic_int8_config, configs.DYNAMIC_INT8_TUNED, None),
     ):
         for k, n in PLAN_SHAPES:
@@ -646,12 +647,12 @@ def test_tma_is_refused_off_nvidia_sm90(monkeypatch):
 
 
 def test_woq_mid_m_rule_and_crossover():
-    """M 33..256 (AUTO's Triton range, `configs.WOQ_INT8_MAX_M`, from the H200 M = 32..256 sweep): swap-AB tiles
+    """M 33..256 (AUTO's Triton range, `crossovers.WOQ_INT8_TRITON_MAX_M`, from the H200 M = 32..256 sweep): swap-AB tiles
     off the measured shapes too (3 stages where N > K, K split 4 ways where K > N), and the crossover to dequant +
     mm right above the last measured win."""
     from qlower.lowerings.kernels.triton import configs
 
-    assert configs.WOQ_INT8_MAX_M == 256
+    assert crossovers.WOQ_INT8_TRITON_MAX_M == 256
     for m, k, n, tile, stages, split in [
         (100, 2048, 5120, (128, 64, 128), 3, 1),
         (128, 2048, 11008, (128, 64, 128), 3, 1),
@@ -692,7 +693,7 @@ def test_dynamic_int8_emits_one_fused_launch():
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         (rec,) = FAMILIES["dynamic_int8"](gm.graph)
         assert "not CUDA" in cuda_rules.DYNAMIC_INT8_TRITON.supports(rec)
-        rec.output.replace_all_uses_with(lowering.emit_dynamic_int8(gm.graph, rec))
+        rec.output.replace_all_uses_with(lowering.emit_dynamic_int8(gm.graph, rec, KernelPreference.AUTO))
         gm.graph.eliminate_dead_code()
     assert _launches(gm) == ["qlinear_mm_kernel"]
     summary = testing.graph_summary(gm)
@@ -872,7 +873,7 @@ def test_compile_calls_triton_kernel(form, m, k, n):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     (out,), code = _compiled_code(model, [x])
     # AUTO takes the Triton kernel up to the measured crossover, the fused dequant + mm above it.
-    expected = "triton.woq_int8_linear" if m <= configs.WOQ_INT8_MAX_M else "dequant_mm"
+    expected = "triton.woq_int8_linear" if m <= crossovers.WOQ_INT8_TRITON_MAX_M else "dequant_mm"
     assert [d.lowering for d in qlower.last_report()] == [expected], qlower.last_report().table()
     if expected.startswith("triton"):
         cfg = configs.woq_int8_config(m, k, n)

@@ -276,7 +276,9 @@ WOQ_INT8_PACKED_BY_M_CPU = Lowering(
     family="woq_int8",
     kind=KernelPreference.ATEN,
     supports=_supports_packed_by_m,
-    emit=lambda graph, rec: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(graph, rec),
+    emit=lambda graph, rec, preference: make_emit_int8pack_by_m(PACKED_MAX_M[rec.compute_dtype])(
+        graph, rec, preference
+    ),
     doc="dynamic M: _weight_int8pack_mm up to the crossover M, dequant + GEMM above",
     prefer=_defer_to_woq_gemm,
 )
@@ -533,7 +535,7 @@ DYNAMIC_INT8_GEMM_CPU = Lowering(
     family="dynamic_int8",
     kind=KernelPreference.ATEN,
     supports=_supports_int8_gemm,
-    emit=lambda graph, rec: make_emit_int8_gemm(INT8_GEMM_MAX_M)(graph, rec),
+    emit=lambda graph, rec, preference: make_emit_int8_gemm(INT8_GEMM_MAX_M)(graph, rec, preference),
     doc="qlower's int8 GEMM for small M (the weight read once, as stored), `_int_mm` above; fused rescale",
     detail=int8_gemm_tier,
 )

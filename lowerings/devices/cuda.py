@@ -15,9 +15,11 @@ Never `_weight_int8pack_mm` here: on sm_90 it is a naive kernel, 9-770x slower t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
+from qlower.lowerings.devices import crossovers
 from qlower.lowerings.devices.capability import (
     cuda_capability,
     describe_capability,
@@ -30,7 +32,7 @@ from qlower.lowerings.emit.dynamic_int8 import make_emit_int_mm_min_m
 from qlower.lowerings.emit.mx import emit_scaled_mm
 from qlower.lowerings.emit.triton_int8 import emit_dynamic_int8, emit_woq_int8
 from qlower.lowerings.emit.triton_mx import emit_mx_triton
-from qlower.lowerings.kernels.triton import configs, triton_unavailable
+from qlower.lowerings.kernels.triton import triton_unavailable
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
 from qlower.patterns import mx_format as fmt
@@ -161,7 +163,7 @@ def _static_kn(rec: QuantLinear) -> str | None:
 def _crossover(rec: QuantLinear, max_m: int | None, other: str) -> str | None:
     """AUTO only: decline a static M where the kernel was measured slower than `other`. A symbolic M is taken:
     the op launches, per M bucket, the kernel a static M there gets, and (woq-int8) hands M above the crossover
-    to dequant + cuBLAS itself (`kernels.triton.int8.ops._run`, `emit.triton_int8._dense_above`)."""
+    to dequant + cuBLAS itself (`kernels.triton.int8.ops._run`; the emitter gets the crossover as `dense_above`)."""
     if is_static(rec.m) and max_m is not None and int(rec.m) > max_m:
         return f"M={int(rec.m)} > {max_m}: measured slower than {other} on sm_90"
     return None
@@ -207,11 +209,11 @@ def _dynamic_int8_correct(rec: QuantLinear) -> str | None:
 
 
 def _prefer_woq_int8(rec: QuantLinear) -> str | None:
-    return _crossover(rec, configs.WOQ_INT8_MAX_M, "dequant + mm")
+    return _crossover(rec, crossovers.WOQ_INT8_TRITON_MAX_M, "dequant + mm")
 
 
 def _prefer_dynamic_int8(rec: QuantLinear) -> str | None:
-    return _crossover(rec, configs.DYNAMIC_INT8_MAX_M, "the next CUDA lowering")
+    return _crossover(rec, crossovers.DYNAMIC_INT8_TRITON_MAX_M, "the next CUDA lowering")
 
 
 WOQ_INT8_TRITON = Lowering(
@@ -220,7 +222,7 @@ WOQ_INT8_TRITON = Lowering(
     kind=KernelPreference.TRITON,
     supports=_woq_int8_correct,
     prefer=_prefer_woq_int8,
-    emit=emit_woq_int8,
+    emit=functools.partial(emit_woq_int8, dense_above=crossovers.WOQ_INT8_TRITON_MAX_M),
     doc="qlower Triton kernel: int8 weight converted in the main loop (GEMV at tiny M, tensor cores above)",
 )
 
@@ -266,24 +268,24 @@ def _prefer_mx_triton(rec: QuantLinear) -> str | None:
     MXFP4 weights with bf16 x keep it at every M: its bf16-decode kernels (`kernels.triton.mx.bf16`, `mx.ops.pick_weight_only`'s table).
     """
     from qlower.lowerings.kernels.triton.mx.ops import (  # no Triton import: mx/ops.py imports it: read lazily
-        DECODE_MAX_M,
         ELEM_CODE,
-        GEMV_MAX_M,
         bf16_decodes,
     )
+
+    weight_only_max, dynamic_max = crossovers.MX_WEIGHT_ONLY_TRITON_MAX_M, crossovers.MX_DYNAMIC_TRITON_MAX_M
 
     if rec.act_quant is None:
         if bf16_decodes(rec.compute_dtype, ELEM_CODE[rec.weight_mx.elem]):
             return None  # MXFP4 with bf16 x: the bf16-decode kernels (mx/bf16.py) at every M (its dequantize + cuBLAS above M = 64)
-        if is_static(rec.m) and int(rec.m) > DECODE_MAX_M:
+        if is_static(rec.m) and int(rec.m) > weight_only_max:
             return (
-                f"weight-only MX with M={rec.m} > {DECODE_MAX_M} would run the tile kernel, measured at 0.16-0.43x "
+                f"weight-only MX with M={rec.m} > {weight_only_max} would run the tile kernel, measured at 0.16-0.43x "
                 "bf16 (M=128-4096) on sm_90, below the emulation; ask for KernelPreference.TRITON to use it anyway"
             )
         return None
-    if not is_static(rec.m) or int(rec.m) > GEMV_MAX_M:
+    if not is_static(rec.m) or int(rec.m) > dynamic_max:
         return (
-            f"dynamic-activation MX with M={rec.m} > {GEMV_MAX_M} would run the fp8 tile kernel, measured at "
+            f"dynamic-activation MX with M={rec.m} > {dynamic_max} would run the fp8 tile kernel, measured at "
             "0.15x bf16 (M=4096) and 0.33x (M=128) on sm_90; ask for KernelPreference.TRITON to use it anyway"
         )
     return None

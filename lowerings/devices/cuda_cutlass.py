@@ -6,10 +6,10 @@ weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA 
 dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, not under
 AOTInductor (no C shim yet: the package keeps the Triton lowering and runs without qlower), and a built
 library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report).
-Preferred (`prefer`, AUTO): a static M in `CUTLASS_M_RANGE`, and a symbolic M under CUDA graphs, which gets
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs, which gets
 qlower's Triton op with this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
-lowering, which keeps a static M up to 127; dequant + cuBLAS keeps a static M above the range (BENCHMARKS.md, "CUDA,
-woq_int8, CUTLASS W8A16": `scripts/tune_cutlass.py`, 4096->14336 and 14336->4096).
+lowering, which keeps a static M up to 127; dequant + cuBLAS keeps a static M above the range (`devices/crossovers.py`,
+from BENCHMARKS.md, "CUDA, woq_int8, CUTLASS W8A16").
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import weight_scale_range_blocker
+from qlower.lowerings.devices.crossovers import CUTLASS_W8A16_M_RANGE
 from qlower.lowerings.emit.cutlass import emit_woq_int8_cutlass
 from qlower.lowerings.kernels.cutlass.configs import K_MULTIPLE, N_MULTIPLE
 from qlower.lowerings.preference import KernelPreference
@@ -29,11 +30,6 @@ from qlower.patterns.graph_utils import is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
 SM90A = (9, 0)
-# AUTO's static-M range for the CUTLASS kernel: (lowest M, highest M or None). On the H200 (BENCHMARKS.md,
-# "CUTLASS W8A16") it ran 1.12x / 0.95x bf16 at M = 128 (4096->14336 / 14336->4096), where the Triton tiles
-# ran 0.92x / 0.66x; 0.84-0.97x at M = 256, where dequant + cuBLAS ran 0.47-0.49x; 0.93-0.99x at M = 4096
-# (dequant + cuBLAS 0.92-0.94x). At M = 8192 dequant + cuBLAS is faster (0.98-1.00x against 0.91-0.94x).
-CUTLASS_M_RANGE: tuple[int, int | None] = (128, 4096)
 
 
 def _aoti() -> bool:
@@ -101,7 +97,7 @@ def cutlass_library_built() -> str | None:
 
 
 def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
-    lo, hi = CUTLASS_M_RANGE
+    lo, hi = CUTLASS_W8A16_M_RANGE
     if not is_static(rec.m):
         from torch._inductor import config as inductor_config
 
@@ -124,6 +120,6 @@ WOQ_INT8_CUTLASS = Lowering(
     supports=supports_woq_int8_cutlass,
     prefer=prefer_woq_int8_cutlass,
     available=cutlass_library_built,
-    emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_M_RANGE[0] - 1),
+    emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_W8A16_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
 )

@@ -15,7 +15,6 @@ from torch import fx
 from qlower.lowerings.emit.common import Emitter, finish
 from qlower.lowerings.emit.triton_int8 import emit_woq_int8
 from qlower.lowerings.preference import KernelPreference
-from qlower.lowerings.registry import emitting_under
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 
@@ -37,11 +36,13 @@ def _scale(em: Emitter, rec: QuantLinear) -> fx.Node:
     )
 
 
-def emit_woq_int8_cutlass(graph: fx.Graph, rec: QuantLinear, triton_max_m: int) -> fx.Node:
+def emit_woq_int8_cutlass(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference, triton_max_m: int
+) -> fx.Node:
     from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
 
-    if not is_static(rec.m) and emitting_under() is KernelPreference.AUTO:
-        return emit_woq_int8(graph, rec, cutlass_above=triton_max_m)
+    if not is_static(rec.m) and preference is KernelPreference.AUTO:
+        return emit_woq_int8(graph, rec, preference, cutlass_above=triton_max_m)
     em = Emitter(graph, rec.output)
     bias = fused_bias(rec)
     core = em.call(

@@ -20,6 +20,7 @@ from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.common import Emitter, scale_vector, weight_nk
 from qlower.lowerings.emit.decompose import materialize
 from qlower.lowerings.kernels import custom_ops
+from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.graph_utils import aten, is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
@@ -125,7 +126,9 @@ def rescale(
     return em.reshape(y, rec.out_shape) if rec.out_shape is not None else y
 
 
-def emit_int_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_int_mm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """aten._int_mm(x_q [M, K], w [N, K].t()) and the fused rescale."""
     em = _emitter(graph, rec)
     x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
@@ -144,12 +147,14 @@ def shift_to_u8(em: _Emitter, x_q: fx.Node) -> fx.Node:
     return em.call(aten.bitwise_xor.Scalar, em.call(aten.view.dtype, x_q, torch.uint8), U8_SHIFT)
 
 
-def make_emit_int_mm_u8() -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+def make_emit_int_mm_u8() -> Callable[[fx.Graph, QuantLinear, KernelPreference], fx.Node]:
     """u8s8 `_int_mm`: (x_q + 128) as uint8 [M, K] times the int8 weight, minus 128 * colsum(w) in the
     epilogue (exact in int32). The shift fuses into the quantize prologue; the column sums fold into a constant
     under freezing. Which M take it is the lowering's `supports` (lowerings/devices/cpu.py)."""
 
-    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    def emit(
+        graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+    ) -> fx.Node:
         em = _emitter(graph, rec)
         x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
         x_u8 = shift_to_u8(em, x2d)
@@ -159,12 +164,14 @@ def make_emit_int_mm_u8() -> Callable[[fx.Graph, QuantLinear], fx.Node]:
     return emit
 
 
-def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear, KernelPreference], fx.Node]:
     """`_int_mm` for kernels that need M >= min_m: a static small M is zero-padded (the pad fuses into the
     quantize prologue) and the result sliced; a dynamic M goes through a custom op that pads only when
     M < min_m at run time."""
 
-    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    def emit(
+        graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+    ) -> fx.Node:
         em = _emitter(graph, rec)
         x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
         if not is_static(rec.m):
@@ -180,11 +187,13 @@ def make_emit_int_mm_min_m(min_m: int) -> Callable[[fx.Graph, QuantLinear], fx.N
     return emit
 
 
-def make_emit_int8_gemm(max_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node]:
+def make_emit_int8_gemm(max_m: int) -> Callable[[fx.Graph, QuantLinear, KernelPreference], fx.Node]:
     """`qlower::int8_gemm` (lowerings/kernels/csrc/int8_gemm.cpp): qlower's CPU kernels up to `max_m` rows,
     `_int_mm` above (decided at each call, so a symbolic M takes it too), then the fused rescale."""
 
-    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    def emit(
+        graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+    ) -> fx.Node:
         em = _emitter(graph, rec)
         x2d, w_nk = activation_2d(em, rec), weight_nk(em, rec)
         acc = em.call(custom_ops.int8_gemm, x2d, w_nk, max_m)
@@ -193,7 +202,9 @@ def make_emit_int8_gemm(max_m: int) -> Callable[[fx.Graph, QuantLinear], fx.Node
     return emit
 
 
-def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_emulated(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """The int8 matmul in fp32, exact for any K: K is cut into chunks of EXACT_FP32_K (each chunk's sum is
     an exact fp32 integer), the chunk results are added in int32. Works on every device."""
     em = _emitter(graph, rec)
@@ -215,7 +226,9 @@ def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     return rescale(em, rec, acc, x2d, w_nk)
 
 
-def emit_qlinear_u8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_qlinear_u8(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """oneDNN qlinear on a prepacked constant weight: (x_q + 128) as uint8 with zero point 128, the weight
     scale applied by the kernel, the per-token scale and bias in the fused epilogue. Only for weights that
     freezing turns into constants: `qlinear_prepack` is then folded once, at compile time."""
@@ -231,7 +244,9 @@ def emit_qlinear_u8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     return _emit_qlinear(graph, rec, qlinear)
 
 
-def emit_qlinear_u8_cached(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_qlinear_u8_cached(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """The same u8 qlinear for weights that stay graph inputs: the packing is cached at run time, keyed and
     checked on the live weight (lowerings/kernels/cpu_prepack.py)."""
 

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish
+from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import mx_format as fmt
 from qlower.patterns.graph_utils import VIEW_OPS, aten, graph_memo, is_static, prims, tensor_val
 from qlower.patterns.record import QuantLinear
@@ -288,7 +289,9 @@ def _in_source_order(em: Emitter, q: fx.Node, q_layout: str, dq: fx.Node) -> fx.
     return em.transpose(em.contiguous(em.transpose(dq)))
 
 
-def emit_emulated(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_emulated(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """Dequantize both operands in fused pointwise kernels, then the float matmul of the matched graph."""
     em = Emitter(graph, rec.output)
     dtype = rec.compute_dtype
@@ -323,7 +326,9 @@ def _swizzled_e8m0(
     return _swizzle(em, em.contiguous(plain), rows, cols)
 
 
-def emit_scaled_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_scaled_mm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """`aten._scaled_mm` (v1) with swizzled e8m0 block scales: the MX tensor-core GEMM of capability >= 10.
 
     v1, not `F.scaled_mm`: Inductor 2.13's `_scaled_mm_v2` lowering asserts NO_SWIZZLE, which MX needs.

@@ -11,7 +11,6 @@ from torch import fx
 
 from qlower.lowerings.emit.common import Emitter, finish, host_branches, scale_epilogue
 from qlower.lowerings.preference import KernelPreference
-from qlower.lowerings.registry import emitting_under
 from qlower.lowerings.scale_facts import scale_after_kernel
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
@@ -51,19 +50,24 @@ def _fusable_bias(rec: QuantLinear) -> fx.Node | None:
     return rec.bias if v is not None and known_eq(v.numel(), rec.n) else None
 
 
-def _dense_above(rec: QuantLinear) -> int:
-    """Where a symbolic M hands over to dequant + cuBLAS inside the op: AUTO's measured crossover
-    (`configs.WOQ_INT8_MAX_M`, the M above which a static M is lowered to dequant_mm), never under an explicit
-    preference (TRITON keeps its kernels at every M), 0 for a static M (chosen at compile time)."""
-    from qlower.lowerings.kernels.triton import configs
-
-    if is_static(rec.m) or emitting_under() is not KernelPreference.AUTO:
+def _dense_above(rec: QuantLinear, preference: KernelPreference, crossover: int | None) -> int:
+    """Where a symbolic M hands over to dequant + cuBLAS inside the op: AUTO's measured crossover as the device
+    rules hand it over (`devices/crossovers.py`), never under an explicit preference (TRITON keeps its kernels at
+    every M), 0 for a static M (chosen at compile time)."""
+    if is_static(rec.m) or preference is not KernelPreference.AUTO:
         return 0
-    return configs.WOQ_INT8_MAX_M or 0
+    return crossover or 0
 
 
-def emit_woq_int8(graph: fx.Graph, rec: QuantLinear, cutlass_above: int | None = None) -> fx.Node:
-    """The Triton op. `cutlass_above` (a symbolic M under the CUTLASS lowering, `emit.cutlass`): M above it
+def emit_woq_int8(
+    graph: fx.Graph,
+    rec: QuantLinear,
+    preference: KernelPreference,
+    dense_above: int | None = None,
+    cutlass_above: int | None = None,
+) -> fx.Node:
+    """The Triton op. `dense_above`: AUTO's crossover to dequant + cuBLAS for a symbolic M (`_dense_above`).
+    `cutlass_above` (a symbolic M under the CUTLASS lowering, `emit.cutlass`): M above it
     runs qlower's CUTLASS GEMM inside the op, instead of dequant + cuBLAS above AUTO's Triton crossover; the
     scale then goes in as the graph has it (the lowering checked it is of x's dtype)."""
     from qlower.lowerings.emit.triton_inline import emit_traced
@@ -80,7 +84,7 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear, cutlass_above: int | None =
     tensors = [em.contiguous(rec.x), _weight_nk_view(em, rec), scale]
     tensors += [bias] if bias is not None else []
 
-    dense_above = _dense_above(rec) if cutlass_above is None else cutlass_above
+    handoff = _dense_above(rec, preference, dense_above) if cutlass_above is None else cutlass_above
     dense_cutlass = cutlass_above is not None
     host_branch = host_branches(rec)
     round_scale = absorbed is not None
@@ -88,17 +92,17 @@ def emit_woq_int8(graph: fx.Graph, rec: QuantLinear, cutlass_above: int | None =
     def call(
         x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.ops.qlower.woq_int8_linear(
-            x, w, s, b, dense_above, host_branch, round_scale, dense_cutlass
-        )
+        return torch.ops.qlower.woq_int8_linear(x, w, s, b, handoff, host_branch, round_scale, dense_cutlass)
 
-    key = ("woq_int8_linear", dense_above, host_branch, round_scale, bias is not None, dense_cutlass)
+    key = ("woq_int8_linear", handoff, host_branch, round_scale, bias is not None, dense_cutlass)
     core = emit_traced(em, call, tensors, key)
     core = scale_epilogue(em, rec, core) if after else core
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
 
 
-def emit_dynamic_int8(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_dynamic_int8(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     from qlower.lowerings.emit.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 

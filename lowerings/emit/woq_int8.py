@@ -16,6 +16,7 @@ from qlower.lowerings.emit import inductor_fixes
 from qlower.lowerings.emit.common import Emitter, finish, scale_epilogue, scale_fits, scale_vector, weight_nk
 from qlower.lowerings.kernels import custom_ops
 from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
+from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.scale_facts import product_dtype, scale_on_weight
 from qlower.patterns.graph_utils import aten, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
@@ -42,7 +43,9 @@ def _scaled(em: Emitter, rec: QuantLinear, core: fx.Node, after: bool) -> fx.Nod
     return scale_epilogue(em, rec, core) if after else core
 
 
-def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_int8pack_mm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """aten._weight_int8pack_mm(x [M, K], w [N, K] int8, scale [N]) with scale in x's dtype."""
     inductor_fixes.fix_int8pack_lowering()
     em = Emitter(graph, rec.output)
@@ -54,7 +57,9 @@ def emit_int8pack_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
 def make_emit_int8pack_by_m(max_m_packed: int):
     """Dynamic M: one op that runs the packed kernel for M <= max_m_packed and dequant + mm above it."""
 
-    def emit(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+    def emit(
+        graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+    ) -> fx.Node:
         em = Emitter(graph, rec.output)
         scale, after = _kernel_scale(em, rec)
         core = em.call(
@@ -95,7 +100,9 @@ def _dequantized_weight(em: Emitter, rec: QuantLinear) -> fx.Node:
     return em.convert(em.convert(deq, out), rec.compute_dtype)
 
 
-def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_dequant_mm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """mm(x, dequant(w)) with the scale where the graph puts it: one fused pointwise dequant, a float matmul.
 
     Output scale (`F.linear(x, w.to(x.dtype)) * s`): the exact int8 -> float weight, then the scale on the
@@ -113,7 +120,9 @@ def emit_dequant_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
     return finish(em, rec, core)
 
 
-def emit_int8_weight_mm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_int8_weight_mm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """`qlower::int8_weight_mm` (x @ w.to(x.dtype), the float weight in a reused CPU buffer), then the scale,
     bias and output dtype in the fused epilogue: the gpt-fast form's own arithmetic, mm then scale. A graph
     that scales the weight gets `qlower::int8_scaled_weight_mm`: its scaled weight, rounded as it rounds it."""
@@ -157,7 +166,9 @@ def _woq_gemm_scale(em: Emitter, rec: QuantLinear) -> fx.Node:
     return rec.weight_scale if v.dim() == 1 else em.reshape(rec.weight_scale, [rec.n])
 
 
-def emit_woq_int8_gemm(graph: fx.Graph, rec: QuantLinear) -> fx.Node:
+def emit_woq_int8_gemm(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+) -> fx.Node:
     """`qlower::woq_int8_gemm` (lowerings/kernels/csrc/woq_gemm.cpp): the int8 weight converted inside the
     GEMM's K loop, in the graph's own arithmetic. Output scale (`F.linear(x, w.to(x.dtype)) * s`): the fp32 sums
     rounded to x's dtype, then times the scale in fp32, rounded to the graph's product dtype. Weight scale

@@ -310,17 +310,3 @@ def dynamic_plan(
             plan.append([lo, end, cfg])
         lo = top + 1
     return [(a, b, c) for a, b, c in plan]
-
-
-# Crossovers under AUTO: the largest static M at which qlower's kernel was measured at least as fast as the next
-# lowering in the CUDA ranking (None: it won on the whole grid measured). woq-int8 on sm_90: timed side by side
-# with dequant + cuBLAS at M = 64, 128 and 256 on 4096->4096 and 4096->14336, the Triton kernel won all six
-# (17.4 vs 23.2 ... 77.2 vs 93.3 us; neither reaches bf16 F.linear there). At M = 1024 it lost (77.9 vs 57.8 us on
-# 4096->4096; the mixed-dtype tensor-core loop reaches ~450 TFLOP/s, cuBLAS bf16 ~800), and at M = 4096 (302 vs
-# 195 us; 4096->14336 1096 vs 649 us). M = 512 was not measured, so the limit is the last measured win. The PTX
-# tiles narrow the gap but still lose there (M = 1024 4096^2: 67.7 vs 57.9 us; M = 4096: 266 vs 189 us). AUTO's
-# compiled rows: BENCHMARKS.md, "CUDA, woq_int8". dynamic-int8: qlower's int8 tensor-core kernels beat cuBLASLt
-# `_int_mm` (M = 4096, 4096->14336: 342 vs 544.8 us kernel alone, 1407 vs ~880 TOP/s) and the emulated path
-# everywhere measured (BENCHMARKS.md, "CUDA, dynamic_int8").
-WOQ_INT8_MAX_M: int | None = 256
-DYNAMIC_INT8_MAX_M: int | None = None
