@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter
+from qlower.lowerings.graph.builder import Emitter
 from qlower.patterns import FAMILIES, dynamic_int8, producers
 from qlower.patterns.graph_utils import (
     MUL_OPS,

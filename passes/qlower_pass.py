@@ -19,9 +19,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from qlower.lowerings import KernelPreference, choose, fingerprint
 from qlower.lowerings.aoti import runtime as aoti_runtime
-from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.emit.common import EMITTED_BRANCH
-from qlower.lowerings.emit.mx import legalize_e8m0, note_lowered, redecode_readers
+from qlower.lowerings.emit.mx_readers import legalize_e8m0, note_lowered, redecode_readers
+from qlower.lowerings.graph import inductor_fixes
+from qlower.lowerings.graph.builder import EMITTED_BRANCH
 from qlower.lowerings.preference import parse_preference
 from qlower.lowerings.registry import Choice, decision_env
 from qlower.passes import report as reporting
@@ -206,7 +206,7 @@ def _is_stale(cand: QuantLinear | Rejection) -> bool:
 
 def _is_emitted_branch(graph: fx.Graph) -> bool:
     """A branch graph of a `torch.cond` qlower emitted: Inductor runs the joint passes on subgraphs a pass
-    created (lowerings/emit/triton_inline.py marks them)."""
+    created (lowerings/graph/triton_inline.py marks them)."""
     module = graph.owning_module
     return module is not None and bool(module.meta.get(EMITTED_BRANCH))
 

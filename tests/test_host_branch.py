@@ -13,8 +13,8 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
-from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
-from qlower.lowerings.emit.triton_inline import emit_traced
+from qlower.lowerings.graph.builder import EMITTED_BRANCH, Emitter
+from qlower.lowerings.graph.triton_inline import emit_traced
 from qlower.lowerings.kernels.triton.launch_args import branch_on_m
 
 LEAVES = [(1, lambda x, w: x @ w + 1), (16, lambda x, w: x @ w + 2), (None, lambda x, w: x @ w + 3)]

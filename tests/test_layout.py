@@ -1,4 +1,4 @@
-"""The house rules of the layout (README "Layout"), checked on the sources: which package may import which,
+"""The rules of the layout (docs/layout.md), checked on the sources: which package may import which,
 and no import cycles among module-level imports; and in fresh processes, what importing a package loads and
 registers."""
 
@@ -156,9 +156,7 @@ def test_only_devices_read_the_crossovers():
         if not name.startswith("qlower.lowerings.devices")
     }
     assert not {k: v for k, v in bad.items() if v}
-    side_channels = {
-        name for name, p in _modules().items() if re.search(r"\bcontextvars\b", p.read_text())
-    }
+    side_channels = {name for name, p in _modules().items() if re.search(r"\bcontextvars\b", p.read_text())}
     assert not {n for n in side_channels if n.startswith("qlower.lowerings")}, side_channels
 
 
@@ -186,6 +184,40 @@ def test_mx_crossovers_are_the_mx_ops_ranges():
 
     assert crossovers.MX_WEIGHT_ONLY_TRITON_MAX_M == ops.DECODE_MAX_M
     assert crossovers.MX_DYNAMIC_TRITON_MAX_M == ops.GEMV_MAX_M
+
+
+def test_graph_editing_knows_no_record_and_no_device():
+    """lowerings/graph/ (node builder, Triton inlining, Inductor fixes) is what emit/ and passes/ both use: it
+    imports nothing of emit/, devices/, kernels/, the registry or the record, lazy imports included."""
+    banned = (
+        "qlower.lowerings.emit",
+        "qlower.lowerings.devices",
+        "qlower.lowerings.kernels",
+        "qlower.lowerings.registry",
+        "qlower.patterns.record",
+        "qlower.passes",
+    )
+    bad = {
+        name: sorted(m for m in _imports(p, False) if any(m == b or m.startswith(b + ".") for b in banned))
+        for name, p in _modules().items()
+        if name.startswith("qlower.lowerings.graph")
+    }
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_passes_take_from_emit_only_the_mx_readers():
+    """The pass runs emitters through the registry alone (`Lowering.emit`); of emit/ it calls only the
+    post-lowering MX reader fixes (emit/mx_readers.py). Its graph plumbing is lowerings/graph/'s."""
+    bad = {
+        name: sorted(
+            m
+            for m in _imports(p, False)
+            if m.startswith("qlower.lowerings.emit") and not m.startswith("qlower.lowerings.emit.mx_readers")
+        )
+        for name, p in _modules().items()
+        if name.startswith("qlower.passes")
+    }
+    assert not {k: v for k, v in bad.items() if v}
 
 
 def test_nothing_inside_imports_the_public_api():
@@ -322,7 +354,12 @@ _REGISTRY_FIRST_USE = """
     from qlower.lowerings import KernelPreference, Lowering, registry
 
     assert not registry._BACKENDS, registry._BACKENDS  # importing the registry registers nothing
-    packages = ("qlower.lowerings.devices", "qlower.lowerings.emit", "qlower.lowerings.kernels")
+    packages = (
+        "qlower.lowerings.devices",
+        "qlower.lowerings.emit",
+        "qlower.lowerings.graph",
+        "qlower.lowerings.kernels",
+    )
     assert not [m for m in sys.modules if m.startswith(packages)]
     plugin = Lowering("plugin.first", "woq_int8", KernelPreference.EMULATED, lambda r: None, lambda g, r: None)
     FIRST_USE

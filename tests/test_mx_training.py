@@ -14,7 +14,8 @@ import torch
 
 import qlower
 from qlower import testing
-from qlower.lowerings.emit.mx import legalize_e8m0, mx_bytes
+from qlower.lowerings.emit.mx import mx_bytes
+from qlower.lowerings.emit.mx_readers import legalize_e8m0
 from qlower.patterns import mx_format as mx_fmt
 from qlower.patterns.graph_utils import tensor_val
 from qlower.testing import trace_for_inductor

@@ -1,10 +1,11 @@
-"""Linears of one shape are traced once per graph (`lowerings/emit/triton_inline.emit_traced`'s key): the
+"""Linears of one shape are traced once per graph (`lowerings/graph/triton_inline.emit_traced`'s key): the
 copies get launches, branch graphs and fake values of their own. On CPU, for each Triton emitter (woq int8,
 dynamic int8, MX): the structure of the emitted graph (its numbers on the GPU: tests/test_dynamic_m_gpu.py's
 multi-linear models)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ from torch import nn
 from woq_models import WoqLinear
 
 from qlower import testing
+from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -34,13 +36,15 @@ def _mx(k: int, n: int, seed: int) -> nn.Module:
 
 
 def _emitter(family: str) -> Callable:
-    from qlower.lowerings.emit import triton_int8, triton_mx
+    """The CUDA Triton lowering's emitter of `family`, as the pass calls it under AUTO."""
+    from qlower.lowerings.devices import cuda as cuda_rules
 
-    return {
-        "woq_int8": triton_int8.emit_woq_int8,
-        "dynamic_int8": triton_int8.emit_dynamic_int8,
-        "mx": triton_mx.emit_mx_triton,
+    lowering = {
+        "woq_int8": cuda_rules.WOQ_INT8_TRITON,
+        "dynamic_int8": cuda_rules.DYNAMIC_INT8_TRITON,
+        "mx": cuda_rules.MX_TRITON,
     }[family]
+    return functools.partial(lowering.emit, preference=KernelPreference.AUTO)
 
 
 FAMILY_MODELS = {"woq_int8": _woq, "dynamic_int8": _dyn, "mx": _mx}
@@ -60,7 +64,7 @@ class _Stack(nn.Module):
 
 def _emit(family: str, shapes: list[tuple[int, int]], monkeypatch) -> tuple[torch.fx.GraphModule, int]:
     """The graph with every linear of `family` emitted as Triton launches (symbolic M), and how many traces ran."""
-    from qlower.lowerings.emit import triton_inline as inline
+    from qlower.lowerings.graph import triton_inline as inline
 
     traces = [0]
     original = inline.make_fx
@@ -98,7 +102,7 @@ def _branch_targets(gm: torch.fx.GraphModule) -> list[str]:
 
 
 # Every family with Inductor's Python wrapper; with cpp_wrapper (where each call of a subgraph is inlined,
-# `emit.triton_inline`) one family: the reuse is family-blind, the inlining is the wrapper's.
+# `graph.triton_inline`) one family: the reuse is family-blind, the inlining is the wrapper's.
 REUSE_CASES = [(f, False) for f in FAMILY_MODELS] + [(next(iter(FAMILY_MODELS)), True)]
 
 

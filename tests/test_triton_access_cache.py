@@ -1,5 +1,5 @@
 """The TTIR access analysis torch runs per Triton launch is run once per kernel configuration
-(`lowerings/emit/triton_access_cache.py`): counts, on CPU (the analysis itself needs no GPU to be counted)."""
+(`lowerings/graph/triton_access_cache.py`): counts, on CPU (the analysis itself needs no GPU to be counted)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _kernel():
 def test_one_analysis_per_configuration():
     """Sizes and symbols do not change the key; a constexpr, a dtype or an int value does; a real tensor or a
     host TMA descriptor is never cached; a hit returns a copy."""
-    from qlower.lowerings.emit.triton_access_cache import cached
+    from qlower.lowerings.graph.triton_access_cache import cached
 
     kernel = _kernel()
     calls = []
@@ -84,7 +84,7 @@ def _lower_stack(layers: int, monkeypatch) -> tuple[int, int]:
     from torch._higher_order_ops import triton_kernel_wrap
 
     from qlower.lowerings.devices import cuda as cuda_rules
-    from qlower.lowerings.emit import triton_access_cache
+    from qlower.lowerings.graph import triton_access_cache
     from qlower.lowerings.preference import KernelPreference
 
     name = next(n for n in triton_access_cache.ANALYSES if hasattr(triton_kernel_wrap, n))

@@ -12,8 +12,9 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish
+from qlower.lowerings.emit.common import finish
 from qlower.lowerings.emit.triton_int8 import emit_woq_int8
+from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.emit.common import Emitter, scale_vector, weight_nk
-from qlower.lowerings.emit.decompose import materialize
+from qlower.lowerings.emit.common import scale_vector, weight_nk
+from qlower.lowerings.graph import inductor_fixes
+from qlower.lowerings.graph.builder import Emitter
+from qlower.lowerings.graph.decompose import materialize
 from qlower.lowerings.kernels import custom_ops
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.graph_utils import aten, is_static, tensor_val

@@ -9,7 +9,8 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish, host_branches, scale_epilogue
+from qlower.lowerings.emit.common import finish, host_branches, scale_epilogue
+from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.scale_facts import scale_after_kernel
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
@@ -70,7 +71,7 @@ def emit_woq_int8(
     `cutlass_above` (a symbolic M under the CUTLASS lowering, `emit.cutlass`): M above it
     runs qlower's CUTLASS GEMM inside the op, instead of dequant + cuBLAS above AUTO's Triton crossover; the
     scale then goes in as the graph has it (the lowering checked it is of x's dtype)."""
-    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.graph.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401  (registers the triton_ops; imports Triton)
 
     em = Emitter(graph, rec.output)
@@ -103,7 +104,7 @@ def emit_woq_int8(
 def emit_dynamic_int8(
     graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
 ) -> fx.Node:
-    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.graph.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401
 
     assert rec.act_quant is not None

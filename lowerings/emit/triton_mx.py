@@ -10,8 +10,9 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import Emitter, finish, host_branches
+from qlower.lowerings.emit.common import finish, host_branches
 from qlower.lowerings.emit.mx import as_u8_view, scale_codes
+from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.graph_utils import known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
@@ -41,7 +42,7 @@ def special_bits(special: Mapping[int, float] | None) -> int:
 def emit_mx_triton(
     graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
 ) -> fx.Node:
-    from qlower.lowerings.emit.triton_inline import emit_traced
+    from qlower.lowerings.graph.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
 
     em = Emitter(graph, rec.output)

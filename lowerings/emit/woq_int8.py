@@ -12,8 +12,9 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit import inductor_fixes
-from qlower.lowerings.emit.common import Emitter, finish, scale_epilogue, scale_fits, scale_vector, weight_nk
+from qlower.lowerings.emit.common import finish, scale_epilogue, scale_fits, scale_vector, weight_nk
+from qlower.lowerings.graph import inductor_fixes
+from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.kernels import custom_ops
 from qlower.lowerings.kernels.cpu_scratch import int8_scaled_weight_mm
 from qlower.lowerings.preference import KernelPreference

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from qlower.lowerings.emit.common import Emitter
+from qlower.lowerings.graph.builder import Emitter
 
 
 def _fallback_impl(node: fx.Node) -> Any:

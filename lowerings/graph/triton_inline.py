@@ -30,8 +30,8 @@ from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.functional_tensor import FunctionalTensorMode, dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from qlower.lowerings.emit import triton_access_cache
-from qlower.lowerings.emit.common import EMITTED_BRANCH, Emitter
+from qlower.lowerings.graph import triton_access_cache
+from qlower.lowerings.graph.builder import EMITTED_BRANCH, Emitter
 from qlower.patterns.graph_utils import graph_memo
 
 
