@@ -256,9 +256,10 @@ REASON_WIDTH = 80
 NO_COMPILE_YET = (
     "qlower's pass has not run in this process yet. torch.compile compiles at the first call of the "
     "compiled callable; HF `generate` calls the model's own forward, so compile that "
-    "(`model.forward = torch.compile(model.forward, options=qlower.inductor_options())`, README). A compile "
-    "Inductor serves whole from its cache does not run the pass either: see its decisions by recompiling "
-    "without the caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1), or set QLOWER_LOG=1 where it is first compiled"
+    "(`model.forward = torch.compile(model.forward, options=qlower.inductor_options())`, "
+    "docs/hf-generate.md). A compile Inductor serves whole from its cache does not run the pass either: "
+    "see its decisions by recompiling without the caches (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1), "
+    "or set QLOWER_LOG=1 where it is first compiled"
 )
 SERVED_FROM_CACHE = (
     "qlower's pass did not run in this compile: Inductor served it whole from its cache, and the decisions "

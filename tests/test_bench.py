@@ -42,7 +42,8 @@ def test_missing_family_module_is_a_clear_error() -> None:
 
 
 def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
-    """Run as the README says (no --out): the files go to ./bench-out, never to the committed benchmarks/."""
+    """Run as docs/development.md says (no --out): the files go to ./bench-out, never to the committed
+    benchmarks/."""
     cmd = [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--family", "woq_int8", "--device", "cpu"]
     cmd += ["--shapes", "1x64x64,32x64x128", "--budget", "0.02", "--rotate", "2"]
     committed = {p: p.stat().st_mtime_ns for p in (SCRIPTS.parent / "benchmarks").glob("woq_int8_cpu.*")}

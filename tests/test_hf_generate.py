@@ -128,7 +128,7 @@ def _check_generate(family: str, device: str, dtype: torch.dtype) -> None:
         assert err < 2 * rel(stock_scores), (family, err, rel(stock_scores))
 
 
-# The README's generate recipe (Use, "Hugging Face generate"): compile `model.forward` in place, since
+# The generate recipe of docs/hf-generate.md: compile `model.forward` in place, since
 # `torch.compile(model).generate(...)` calls the original module's forward.
 RECIPE_TOKENS = (
     3  # the prefill, a decode step at M = 1, and a step after the recompile with a symbolic length
@@ -206,9 +206,10 @@ def _to_int8_linears(module: torch.nn.Module) -> None:
 
 @pytest.mark.gpu
 def test_generate_recipe_static_cache_cuda_graphs():
-    """The README's GPU recipe: a static cache, and transformers' own compile of the decode step given qlower's
-    options with CUDA graphs. Every decode linear is lowered, no graph skips CUDA graphs, and the tokens are stock
-    torch.compile's under the same config (compiled bf16 rounds unlike eager, so eager is no reference)."""
+    """docs/hf-generate.md's GPU recipe: a static cache, and transformers' own compile of the decode step given
+    qlower's options with CUDA graphs. Every decode linear is lowered, no graph skips CUDA graphs, and the tokens
+    are stock torch.compile's under the same config (compiled bf16 rounds unlike eager, so eager is no
+    reference)."""
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import get_manager
 

@@ -1,6 +1,6 @@
-"""The docs' AOTInductor and onboarding examples run as written: each section's Python code in a fresh process,
-then its shell blocks in the same folder (the serving recipe loads the package the Python exported). Every
-relative link in README.md, BENCHMARKS.md and docs/*.md points to a file that exists."""
+"""The README's use example and the docs' AOTInductor and onboarding examples run as written: each section's
+Python code in a fresh process, then its shell blocks in the same folder (the serving recipe loads the package
+the Python exported). Every relative link in README.md, BENCHMARKS.md and docs/*.md points to a file that exists."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from conftest import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-EXAMPLES = {"Export with AOTInductor": DOCS / "aoti.md", "Onboarding a new backend": DOCS / "backends.md"}
+EXAMPLES = {
+    "Use": ROOT / "README.md",
+    "Export with AOTInductor": DOCS / "aoti.md",
+    "Onboarding a new backend": DOCS / "backends.md",
+}
 _HEADING = re.compile(r"^(#+)\s+(.*?)\s*$")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)

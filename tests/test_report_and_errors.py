@@ -174,7 +174,7 @@ def test_unsupported_platform_error_is_catchable_from_torch_compile():
     try:
         with torch.no_grad():
             fn(x)
-    except qlower.UnsupportedPlatformError as e:  # what the README tells users to write
+    except qlower.UnsupportedPlatformError as e:  # what docs/how-it-works.md tells users to write
         caught = e
     assert type(caught) is qlower.UnsupportedPlatformError
     assert isinstance(caught, qlower.QLowerError) and isinstance(caught, RuntimeError)
