@@ -145,8 +145,8 @@ def _kernels_per_call(fn, x) -> list[str]:
 @pytest.mark.parametrize("family", ["woq_int8", "dynamic_int8"])
 def test_default_mode_dynamic_m_launches_one_kernel_per_call(family):
     """Without CUDA graphs a symbolic M picks its kernel with a host `if` (`torch.cond`, generated into the
-    wrapper): one call launches its bucket's kernel only, not one gated launch per bucket (host cost, issue 18
-    item 4). woq-int8 M > 256 runs the weight dequantization + cuBLAS; dynamic-int8 adds its quantize kernel."""
+    wrapper): one call launches its bucket's kernel only, not one gated launch per bucket (the host cost per
+    call). woq-int8 M > 256 runs the weight dequantization + cuBLAS; dynamic-int8 adds its quantize kernel."""
     torch._dynamo.reset()
     cpu_model = _model(family)
     model = copy.deepcopy(cpu_model).cuda()

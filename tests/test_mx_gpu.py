@@ -218,7 +218,7 @@ BUCKET_EDGES = (1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000)
 @pytest.mark.parametrize("w_elem", ["e2m1", "e4m3"])
 @pytest.mark.parametrize("cudagraphs", [False, True])
 def test_dynamic_m_matches_float64_at_every_bucket_edge(w_elem, cudagraphs):
-    """MX weight-only with a symbolic M, at each M bucket edge of issue 18's list, in default mode (host `if`s
+    """MX weight-only with a symbolic M, at each M bucket edge (`BUCKET_EDGES`), in default mode (host `if`s
     on M) and under CUDA graphs (gated launches, no skipped graph), against float64."""
     from torch._dynamo.utils import counters
 

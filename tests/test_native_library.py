@@ -54,8 +54,8 @@ def ops_library() -> Path:
 
 
 def test_ops_library_after_import_qlower_raises(ops_library, tmp_path):
-    """The issue's flow: qlower's ops (`qlower.load_ops()`), then the ops library. A Python error, and qlower's
-    ops still run."""
+    """Both registrations in one process: qlower's ops (`qlower.load_ops()`), then the ops library. A Python
+    error, and qlower's ops still run."""
     script = (
         textwrap.dedent(
             """

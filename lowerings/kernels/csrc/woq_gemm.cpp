@@ -1,5 +1,5 @@
 // qlower::woq_int8_gemm: x [M, K] (bf16/fp16/fp32) @ w [N, K] int8, with the int8 -> float conversion inside
-// the kernel, on CPU (issue 20). It computes the user's formula with the user's own roundings, up to the order
+// the kernel, on CPU. It computes the user's formula with the user's own roundings, up to the order
 // of the fp32 sums:
 //   acc[m, n] = sum_k x[m, k] * w'[n, k] in fp32, w' = w (exact in every activation dtype), or, when the graph
 //               scales the weight (`w.to(dtype) * s`), w' = round_dtype(fp32(w) * s[n]) as the graph rounds it;
