@@ -180,12 +180,6 @@ def tensor_devices(*nodes: Any) -> set[torch.device]:
     return out
 
 
-def numel_of(x: Any) -> int:
-    """Number of elements of a node's value (1 for Python numbers)."""
-    v = tensor_val(x)
-    return 1 if v is None else int(v.numel())
-
-
 @dataclass(frozen=True)
 class MatmulSite:
     """A 2-D matmul in any of the spellings Inductor's decompositions leave: y [M, N] = x [M, K] @ w [K, N].

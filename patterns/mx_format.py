@@ -94,10 +94,6 @@ def to_swizzled(plain: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def from_swizzled(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    return flat.reshape(-1)[swizzle_offsets(rows, cols).to(flat.device)]
-
-
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     """4-bit codes (any integer tensor, values 0..15) -> float32 values."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)

@@ -269,9 +269,6 @@ class MXSpecial(torch.nn.Module):
         return y if self.b is None else y + self.b.to(x.dtype).double()
 
 
-MX_EXTREME_SPELLINGS = ("fp32_matmul", "f16_dequant")
-
-
 class MXExtreme(torch.nn.Module):
     """A weight-only MX linear at fp16's edges: scale codes shifted by `shift`.
 

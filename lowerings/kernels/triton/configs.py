@@ -133,10 +133,9 @@ def limbs(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3) -> KernelC
 DECODE_FMA_WIDE = decode_fma(1, 16, 512)  # `fma 1x16x512 w4 s1 cvt2`
 DECODE_FMA_LONG_K = decode_fma(1, 4, 1024, warps=2, acc3=True)  # `fma 1x4x1024 w2 s1 cvt2 acc3`
 # M 2..16: the plain 16-row tile with int8 -> bf16 by inline PTX (fast=2), weight as the MMA's B operand
-# (mma.sync): 32 columns where K >= N, 64 where N > K. At M = 2 the FMA decode tile on 2 rows.
+# (mma.sync): 32 columns where K >= N, 64 where N > K. At M = 2 the tuned tables pick the FMA decode tile on
+# 2 rows.
 MM16_NARROW_PTX = mm(16, 32, 256, 4, 4, fast=2)
-DECODE_FMA_2ROWS_LONG_K = decode_fma(2, 8, 1024, warps=2)  # M = 2, K >= N
-DECODE_FMA_2ROWS_WIDE = decode_fma(2, 16, 512)  # M = 2, N > K
 MM16_WIDE_PTX = mm(16, 64, 256, 4, 4, fast=2)
 
 # woq-int8 on the TMA kernel (weight as the MMA's B operand, converted in registers by inline PTX; 2 programs
