@@ -24,10 +24,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_hf", *sys.argv[1:]])
 
 import torch
 
@@ -108,7 +113,8 @@ def prepare(model: torch.nn.Module, flow: str, cache: str, device: str) -> torch
     opts = options(flow, device)
     if cache == "static":
         model.generation_config.cache_implementation = "static"
-        mode = "reduce-overhead" if device == "cuda" else None
+        # torch.compile takes a mode or options, not both: qlower's options carry the mode's settings
+        mode = "reduce-overhead" if device == "cuda" and opts is None else None
         model.generation_config.compile_config = transformers.CompileConfig(mode=mode, options=opts)
     else:
         model.forward = torch.compile(model.forward, options=opts)
