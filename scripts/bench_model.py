@@ -67,9 +67,11 @@ import copy
 import dataclasses
 import datetime
 import functools
+import importlib
 import io
 import json
 import os
+import pkgutil
 import sys
 import tempfile
 import time
@@ -561,9 +563,21 @@ _CUBLAS_MATMUL = ("nvjet", "gemm", "splitKreduce", "cutlass", "xmma", "triton_te
 
 @functools.cache
 def qlower_kernel_names() -> frozenset[str]:
-    from qlower.tuning import triton_kernel_names  # imports Triton
+    """Names of qlower's Triton kernels (the `triton.jit` functions under lowerings/kernels/triton, its family
+    folders included), as a profiler names their launches. Imports Triton."""
+    import triton
 
-    return triton_kernel_names()
+    from qlower.lowerings.kernels import triton as qtriton
+
+    names = set()
+    for info in pkgutil.walk_packages(qtriton.__path__, prefix=f"{qtriton.__name__}."):  # int8/, mx/ too
+        mod = importlib.import_module(info.name)
+        for obj in vars(mod).values():
+            while not isinstance(obj, triton.JITFunction) and hasattr(obj, "fn"):  # autotuned, heuristics
+                obj = obj.fn
+            if isinstance(obj, triton.JITFunction):
+                names.add(obj.__name__)
+    return frozenset(names)
 
 
 def is_matmul_kernel(name: str) -> bool:

@@ -87,7 +87,7 @@ SWEEP_SHAPES = {  # case -> (M, K, N): the issue's targets
 
 
 def sweep_configs(case: str) -> list:
-    from qlower.tuning import MXConfig
+    from qlower.lowerings.kernels.triton.mx.ops import MXConfig
 
     if case == "mxfp8_dynamic":
         tiles = [
@@ -132,19 +132,20 @@ _DEFAULT_NAME = {
 
 
 def apply_best() -> None:
-    """Make the sweep's winners the configs `mx/ops.py`'s `pick_config` returns (for an --e2e run right after)."""
-    from qlower import tuning
+    """Make the sweep's winners the configs `mx/ops.py`'s `pick_config` returns (for an --e2e run right
+    after): each replaces its MX default config (`GEMV_FP4`, ...) for the rest of this process."""
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     for case, cfg in BEST.items():
-        tuning.set_mx_default(_DEFAULT_NAME[case], cfg)
-        print(f"bench_mx: {case}: mx_ops.{_DEFAULT_NAME[case]} = {cfg}", flush=True)
+        name = _DEFAULT_NAME[case]
+        if not hasattr(mx_ops, name):
+            raise ValueError(f"bench_mx: no MX default config named {name!r}")
+        setattr(mx_ops, name, cfg)
+        print(f"bench_mx: {case}: mx_ops.{name} = {cfg}", flush=True)
 
 
 def sweep(out_dir: Path | None, rotate: int = 8) -> str:
-
-    from qlower.tuning import MX_ELEM_CODE as ELEM_CODE
-    from qlower.tuning import launch_mx_config as launch_config
-    from qlower.tuning import pick_mx_config as pick_config
+    from qlower.lowerings.kernels.triton.mx.ops import ELEM_CODE, launch_config, pick_config
 
     dev = DEVICE
     lines = ["| case | M, K→N | config | µs | vs bf16 | rel err |", "|---|---|---|---|---|---|"]

@@ -87,7 +87,7 @@ def woq_candidates(m: int, k: int, n: int) -> list[Any]:
 def _decode_size_candidates(m: int) -> list[Any]:
     """M 2..16: the FMA decode tiles on 2 rows and the 16-row PTX tiles, whose sweep (2026-12-01) set the
     table's M 2..16 entries."""
-    from qlower.tuning import decode_fma, mm
+    from qlower.lowerings.kernels.triton.configs import decode_fma, mm
 
     if not 2 <= m <= 16:
         return []
@@ -99,7 +99,7 @@ def _decode_size_candidates(m: int) -> list[Any]:
 
 
 def _woq_candidates(m: int, k: int, n: int) -> list[Any]:
-    from qlower.tuning import gemv, mm, tma
+    from qlower.lowerings.kernels.triton.configs import gemv, mm, tma
 
     if m <= 2:
         return [gemv(1, 16, 512), gemv(1, 32, 256), gemv(1, 8, 1024), gemv(1, 16, 512, fast=0),
@@ -141,7 +141,7 @@ def _swap_grid(bm: int) -> list[Any]:
     """Swap-AB tiles with the 2-element PTX conversion: weight rows 64 / 128, K steps 64 / 128, split-K 1 / 2 / 4,
     3 or 4 stages (the M 32..256 sweep of BENCHMARKS.md, "CUDA, woq_int8", found 3 stages and split-K
     where the table had 4 stages and none)."""
-    from qlower.tuning import mm
+    from qlower.lowerings.kernels.triton.configs import mm
 
     return [mm(bm, bn, bk, 4, st, swap=True, split_k=sk, fast=3)
             for bn in (64, 128) for bk in (64, 128) for sk in (1, 2, 4) for st in (3, 4)
@@ -149,7 +149,7 @@ def _swap_grid(bm: int) -> list[Any]:
 
 
 def dyn_candidates(m: int, k: int, n: int) -> list[Any]:
-    from qlower.tuning import mm
+    from qlower.lowerings.kernels.triton.configs import mm
 
     if m <= 16:
         return [mm(16, 64, 256, 4, 4, swap=True), mm(16, 32, 512, 4, 4, swap=True), mm(16, 128, 256, 4, 4, swap=True),
@@ -176,10 +176,11 @@ def sweep(
     ms: list[int],
     kns: tuple[tuple[int, int], ...] = SHAPES_KN,
 ) -> None:
-    from qlower import tuning
+    from qlower.lowerings.kernels.triton import configs
+    from qlower.lowerings.kernels.triton.int8 import ops as int8_ops
 
     for family in families:
-        table = (tuning.WOQ_INT8_TUNED if family == "woq_int8" else tuning.DYNAMIC_INT8_TUNED).writable()
+        table = (configs.WOQ_INT8_TUNED if family == "woq_int8" else configs.DYNAMIC_INT8_TUNED).writable()
         for k, n in kns:
             for m in ms:
                 if time.time() > deadline:
@@ -191,7 +192,7 @@ def sweep(
                     ref, cands = dyn_ref(p), dyn_candidates(m, k, n)
                 else:
                     ref, cands = woq_ref(p), woq_candidates(m, k, n)
-                current = (tuning.woq_int8_config if family == "woq_int8" else tuning.dynamic_int8_config)(
+                current = (configs.woq_int8_config if family == "woq_int8" else configs.dynamic_int8_config)(
                     m, k, n
                 )
                 cands = [current] + [c for c in cands if c != current]
@@ -199,10 +200,10 @@ def sweep(
                 for cfg in cands:
                     try:
                         if family == "woq_int8":
-                            calls = [(lambda i=i, c=cfg, p=p: tuning.launch_int8_config(c, p["x"], p["w"][i], p["s"][i]))
+                            calls = [(lambda i=i, c=cfg, p=p: int8_ops.launch_config(c, p["x"], p["w"][i], p["s"][i]))
                                      for i in range(N_WEIGHTS)]  # fmt: skip
                         else:
-                            calls = [(lambda i=i, c=cfg, p=p: tuning.launch_int8_config(c, p["xq"], p["w"][i], p["s"][i], p["xs"],
+                            calls = [(lambda i=i, c=cfg, p=p: int8_ops.launch_config(c, p["xq"], p["w"][i], p["s"][i], p["xs"],
                                                                          out_dtype=torch.bfloat16))
                                      for i in range(N_WEIGHTS)]  # fmt: skip
                         err = rel_err(calls[0](), ref)
@@ -213,7 +214,7 @@ def sweep(
                     rows.append({"config": str(cfg), "us": us, "rel_err": err, "cfg": cfg})
                 best = min(rows, key=lambda r: r["us"])
                 if best["us"] < float("inf"):
-                    table[(tuning.m_bucket(m), k, n)] = best["cfg"]
+                    table[(configs.m_bucket(m), k, n)] = best["cfg"]
                 log(f"{family} M={m:5d} {k}->{n}: best {best['config']} {best['us']:.1f} us "
                     f"(err {best['rel_err']:.1e}); " + ", ".join(f"{r['us']:.1f}" for r in rows))  # fmt: skip
                 results.setdefault("sweep", []).append(
@@ -405,13 +406,13 @@ def write_tuned(results: dict[str, Any], path: Path) -> None:
     """This GPU's tuned data file: its tables after the sweep, with each swept winner's time."""
     import dataclasses
 
-    from qlower import tuning
+    from qlower.lowerings.kernels.triton import configs, tuned
 
-    us = {(s["family"], (tuning.m_bucket(s["m"]), s["k"], s["n"])): round(s["best_us"], 2)
+    us = {(s["family"], (configs.m_bucket(s["m"]), s["k"], s["n"])): round(s["best_us"], 2)
           for s in results["sweep"] if s["best_us"] < float("inf")}  # fmt: skip
-    tables = {"woq_int8": tuning.WOQ_INT8_TUNED, "dynamic_int8": tuning.DYNAMIC_INT8_TUNED}
-    doc = tuning.tuned_document(results["env"]["gpu"], tables, dataclasses.asdict, results["env"], us)
-    path.write_text(tuning.dump_tuned(doc))
+    tables = {"woq_int8": configs.WOQ_INT8_TUNED, "dynamic_int8": configs.DYNAMIC_INT8_TUNED}
+    doc = tuned.document(results["env"]["gpu"], tables, dataclasses.asdict, results["env"], us)
+    path.write_text(tuned.dumps(doc))
     log(f"tuned data: {path} (replaces lowerings/kernels/triton/tuned/<gpu>.json)")
 
 

@@ -19,16 +19,19 @@ from pathlib import Path
 import torch
 from cuda_timing import gpu_time_us
 
-from qlower import tuning
+from qlower.lowerings.kernels.cutlass import build as cutlass_build
+from qlower.lowerings.kernels.cutlass import configs as cutlass_configs
+from qlower.lowerings.kernels.cutlass import w8a16
+from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # dequant + cuBLAS
 
 SETS = 8
 SPLITS = (0, 2, 3, 4)  # stream-K configurations: heuristic, then split-K by s
 
 
-def choices() -> list[tuning.CutlassChoice]:
+def choices() -> list[cutlass_configs.Choice]:
     out = []
-    for cfg in tuning.CUTLASS_W8A16_CONFIGS:
-        out += [tuning.CutlassChoice(cfg.name, s) for s in (SPLITS if cfg.stream_k else (0,))]
+    for cfg in cutlass_configs.W8A16_CONFIGS:
+        out += [cutlass_configs.Choice(cfg.name, s) for s in (SPLITS if cfg.stream_k else (0,))]
     return out
 
 
@@ -41,8 +44,8 @@ def problem(m: int, n: int, k: int) -> dict:
     return {"x": x, "w": w, "s": s, "wb": wb, "out": torch.empty(m, n, device="cuda", dtype=torch.bfloat16)}
 
 
-def rel_err(p: dict, choice: tuning.CutlassChoice) -> float:
-    tuning.launch_cutlass_w8a16(p["x"], p["w"][0], p["s"][0], None, p["out"], choice)
+def rel_err(p: dict, choice: cutlass_configs.Choice) -> float:
+    w8a16.launch(p["x"], p["w"][0], p["s"][0], None, p["out"], choice)
     ref = (p["x"].double() @ p["w"][0].double().t()) * p["s"][0].double()
     return ((p["out"].double() - ref).norm() / ref.norm()).item()
 
@@ -53,10 +56,7 @@ def measure(m: int, n: int, k: int) -> dict:
     row = {"m": m, "n": n, "k": k}
     row["bf16_us"] = gpu_time_us([lambda i=i: torch.mm(x, p["wb"][i].t()) for i in range(SETS)])
     row["dequant_us"] = gpu_time_us(
-        [
-            lambda i=i: tuning.launch_woq_dequant_mm(x, p["w"][i], p["s"][i], None, x.dtype)
-            for i in range(SETS)
-        ]
+        [lambda i=i: dequant_mm(x, p["w"][i], p["s"][i], None, x.dtype) for i in range(SETS)]
     )
     row["configs"] = {}
     for c in choices():
@@ -64,10 +64,7 @@ def measure(m: int, n: int, k: int) -> dict:
         if not err < 1e-2:
             row["configs"][f"{c.config}/{c.splits}"] = {"error": err}
             continue
-        calls = [
-            lambda i=i, c=c: tuning.launch_cutlass_w8a16(x, p["w"][i], p["s"][i], None, out, c)
-            for i in range(SETS)
-        ]
+        calls = [lambda i=i, c=c: w8a16.launch(x, p["w"][i], p["s"][i], None, out, c) for i in range(SETS)]
         row["configs"][f"{c.config}/{c.splits}"] = {"us": gpu_time_us(calls), "rel_err": err}
     timed = {key: v["us"] for key, v in row["configs"].items() if "us" in v}
     row["best"] = min(timed, key=timed.get)
@@ -97,7 +94,7 @@ def main() -> None:
     ap.add_argument("--raw", type=Path, help="write every timing here (JSON)")
     args = ap.parse_args()
     start = time.perf_counter()
-    lib = tuning.cutlass_library()
+    lib = cutlass_build.library()
     print(f"library: {lib} ({time.perf_counter() - start:.0f} s)", flush=True)
     rows = []
     for shape in args.shapes.split(","):
