@@ -1,6 +1,6 @@
 """Benchmark one quantized-linear family side by side: bf16 F.linear, stock torch.compile, baselines, qlower.
 
-    python scripts/bench.py --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out DIR]
+    python -m scripts.bench --family woq_int8 --device cpu [--quick] [--shapes 1x64x64,16x64x64] [--out DIR]
                             [--dynamic]   (adds qlower compiled once with a symbolic M, next to the static compiles)
 
 Writes <out>/<family>_<device>.md (the table), .json (every measurement) and .png (speedup vs M; needs
@@ -10,7 +10,7 @@ committed tables are refreshed on purpose, with `--out benchmarks`. `--replot <j
 of an earlier run. Progress: one bar with an ETA on stderr when stderr is a terminal, else one line per shape.
 Exits 1 if qlower left a candidate unlowered or a variant's output is not close to the eager quantized model.
 
-Family modules: `scripts/bench_<family>.py` (next to this file) define
+Family modules: `scripts/bench_families/<family>.py` define
     FAMILY: str                        a key of qlower.FAMILIES (qlower is compiled with only this family)
     DTYPE: torch.dtype                 activation dtype
     GRID_M, GRID_KN                    the full grid: M values and (K, N) pairs; QUICK_M, QUICK_KN for --quick;
@@ -26,9 +26,9 @@ Family modules: `scripts/bench_<family>.py` (next to this file) define
 Timing: each call uses the next of --rotate weight sets, so weights are not cache-resident (a real model's
 layers are not). After a compile call and a warm-up call, variants are timed in ROUNDS interleaved rounds per
 shape (fair under a changing load). CPU: median of all time.perf_counter runs. CUDA: median of the rounds'
-CUDA-graph replay times (scripts/cuda_timing.py; do_bench for a variant that cannot be captured). Each time
-comes with its spread over those repeats (`±`, qlower.timing: IQR / median); a WARNING line under the header
-says when a spread passes 15 % or the load average passed the CPU count while timing.
+CUDA-graph replay times (scripts/common/cuda_timing.py; do_bench for a variant that cannot be captured). Each
+time comes with its spread over those repeats (`±`, qlower.timing: IQR / median); a WARNING line under the
+header says when a spread passes 15 % or the load average passed the CPU count while timing.
 Each compiled variant is compiled once per (M, K, N) with dynamic=False (the shape a static-M deployment sees).
 """
 
@@ -42,9 +42,7 @@ import importlib
 import itertools
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -53,10 +51,15 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench", *sys.argv[1:]])
+
 import torch
 
 import qlower
 from qlower.timing import SPREAD_DEFINITION, LoadWatch, format_spread, stability_warning, summarize
+from scripts.common.meta import DEFAULT_OUT, describe_device, versions
+from scripts.common.progress import Progress
 
 FAMILY_CHOICES = ("woq_int8", "dynamic_int8", "mx")
 ROUNDS = int(os.environ.get("QLOWER_BENCH_ROUNDS", "5"))  # interleaved timing rounds per shape
@@ -79,17 +82,16 @@ class Result:
 
 
 def load_family(family: str) -> ModuleType:
-    """Import scripts/bench_<family>.py."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
+    """The family module scripts/bench_families/<family>.py, imported when a run names it (mx's reads
+    QLOWER_BENCH_MX at import)."""
+    name = f"scripts.bench_families.{family}"
     try:
-        return importlib.import_module(f"bench_{family}")
+        return importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name != f"bench_{family}":
+        if e.name != name:
             raise
         raise SystemExit(
-            f"bench: no scripts/bench_{family}.py yet (see the interface at the top of bench.py)"
+            f"bench: no scripts/bench_families/{family}.py yet (see the interface at the top of bench.py)"
         ) from None
 
 
@@ -115,75 +117,6 @@ def grid(
     full_m = getattr(mod, "GRID_M_CUDA", mod.GRID_M) if device == "cuda" else mod.GRID_M
     ms, kns = (mod.QUICK_M, mod.QUICK_KN) if quick else (full_m, mod.GRID_KN)
     return {kn: list(ms) for kn in kns}
-
-
-DEFAULT_OUT = "bench-out"  # scratch folder under the cwd; `--out benchmarks` refreshes the committed tables
-
-
-def _fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-class Progress:
-    """Progress over the shapes of a run, with the elapsed time and an ETA (mean time per finished shape).
-
-    On a terminal (`tty`): one bar redrawn in place with `\\r`, cut to the terminal's width, the current step
-    after it. Otherwise (logs, CI, a pipe): one whole line per finished shape. `set_postfix_str` names the
-    current step; `update` counts finished shapes."""
-
-    def __init__(
-        self, total: int, desc: str, stream: Any = None, tty: bool | None = None, width: int = 24
-    ) -> None:
-        self.total, self.done, self.desc, self.text, self.width = total, 0, desc, "", width
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.start = time.perf_counter()
-        self._drawn = 0.0
-
-    def eta(self) -> float | None:
-        """Seconds left at the mean time of the finished shapes; None before the first."""
-        if not self.done:
-            return None
-        return (time.perf_counter() - self.start) / self.done * (self.total - self.done)
-
-    def line(self) -> str:
-        eta = self.eta()
-        times = f"{_fmt_duration(time.perf_counter() - self.start)} elapsed, ETA " + (
-            _fmt_duration(eta) if eta is not None else "--"
-        )
-        if not self.tty:
-            return f"{self.desc} [{self.done}/{self.total}] {self.text} · {times}"
-        filled = self.width * self.done // max(self.total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        pct = 100 * self.done // max(self.total, 1)
-        return f"{self.desc} [{bar}] {self.done}/{self.total} {pct:3d}% {times} · {self.text}"
-
-    def _draw(self) -> None:
-        cols = shutil.get_terminal_size((100, 20)).columns - 1
-        self.stream.write("\r" + self.line()[:cols].ljust(cols))
-        self.stream.flush()
-        self._drawn = time.perf_counter()
-
-    def set_postfix_str(self, text: str) -> None:
-        self.text = text
-        if self.tty and time.perf_counter() - self._drawn > 0.1:
-            self._draw()
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self.tty:
-            self._draw()
-        else:
-            print(self.line(), file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def progress(total: int, desc: str) -> Progress:
@@ -237,7 +170,7 @@ def time_cuda(call: Callable[[int], object], budget_s: float, rotate: int) -> li
     """Seconds per call from CUDA-graph replays of one call per weight set (`cuda_timing.gpu_time_us`, the
     method of every other GPU number in BENCHMARKS.md: no host launch overhead, weights from HBM). A variant
     that cannot be captured in a CUDA graph falls back to triton.testing.do_bench's median."""
-    from cuda_timing import gpu_time_us
+    from scripts.common.cuda_timing import gpu_time_us
 
     try:
         return [gpu_time_us([lambda i=i: call(i) for i in range(rotate)]) / 1e6]
@@ -271,20 +204,6 @@ def memory_bandwidth(device: str) -> tuple[float, str]:
         times.append(time.perf_counter() - t0)
     bandwidth = src.nbytes / statistics.median(times)
     return bandwidth, f"measured (sum over 256 MiB, {torch.get_num_threads()} threads)"
-
-
-def describe_device(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    name = "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def lowering_summary() -> tuple[str, bool]:
@@ -488,22 +407,6 @@ def plot(results: list[Result], title: str, path: Path) -> Path | None:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def versions() -> dict[str, str]:
-    out = {"torch": torch.__version__, "qlower": qlower.__version__}
-    try:  # which code was measured: other work may be uncommitted in the same checkout
-        git = ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"]
-        out["git"] = subprocess.run(git, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        pass
-    return out
 
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:

@@ -14,8 +14,13 @@ lowerings/devices/cpu.py is set from.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from collections.abc import Callable
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_cpu_int8_gemm", *sys.argv[1:]])
 
 import torch
 import torch.nn.functional as F

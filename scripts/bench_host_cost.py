@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_host_cost", *sys.argv[1:]])
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import qlower
 from qlower.quantize import mx_format
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from dynamic_int8_forms import per_token  # noqa: E402  (the hand-written dynamic-int8 form the tests use)
+from tests.forms.dynamic_int8 import per_token  # the hand-written dynamic-int8 form the tests use
 
 
 def woq(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Whole-decoder benchmark: a Llama-style decoder quantized several ways, bf16 compiled as the baseline.
 
-    python scripts/bench_model.py --device cuda [--layers 4] [--variants default] [--out DIR]
-    python scripts/bench_model.py --device cpu              # --small: every variant in a few minutes
-    torchrun --nproc-per-node 2 scripts/bench_model.py --device cuda --tp 2
+    python -m scripts.bench_model --device cuda [--layers 4] [--variants default] [--out DIR]
+    python -m scripts.bench_model --device cpu              # --small: every variant in a few minutes
+    torchrun --nproc-per-node 2 -m scripts.bench_model --device cuda --tp 2
 
 Why: qlower picks kernels per linear for a static M; users run whole models whose batch or length changes
 (issue 18). This times whole decoder steps the way they run them.
@@ -13,6 +13,7 @@ cache), random weights, fed hidden states (no embedding or lm_head). `--small` (
 8 heads, 2 kv heads, hidden 1792, and a run that checks and times every variant in a few minutes on 2 CPU
 cores (SMALL_RUN: 1 layer, decode batches 1 and 16 against a cache of 256, prefill 128, 0.5 s of steps per
 row); `--dim`, `--layers`, `--batches`, `--shapes` etc. override one setting.
+The model, its variants and the tables are scripts/decoder/ (model.py, variants.py, tables.py).
 Variants (`--variants`, comma list, `default` or `all`): `<quantization>:<compiler>` with the compiler `stock`
 (torch.compile) or `qlower` (torch.compile with `qlower.inductor_options()`); `bf16` is stock-compiled bf16.
   woq     gpt-fast's weight-only int8 formula `F.linear(x, w_int8.to(x.dtype)) * s` (qlower.quantize)
@@ -62,7 +63,6 @@ their row-parallel shards carry per-shard scales.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import datetime
@@ -76,48 +76,37 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_model", *sys.argv[1:]])
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import qlower
-from qlower.quantize import DynamicInt8Linear, WeightOnlyInt8Linear, mx_format
-from qlower.timing import SPREAD_DEFINITION, LoadWatch, format_spread, stability_warning, summarize
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import DEFAULT_OUT, Progress, describe_device, versions  # noqa: E402  (scripts/bench.py)
+from qlower.timing import SPREAD_DEFINITION, LoadWatch, summarize
+from scripts.common.meta import DEFAULT_OUT, describe_device, versions
+from scripts.common.progress import Progress
+from scripts.decoder.model import DTYPE, FULL, SMALL, TP, build_base
+from scripts.decoder.tables import Row, combo_name, fill_ratios, renamed_keys, timing_warning, write
+from scripts.decoder.variants import (
+    ALL_VARIANTS,
+    build_variant,
+    parse_variants,
+    split_variant,
+    tp_world,
+    weight_bytes,
+)
 
 REL_TOL = 5e-2  # max |y - eager| / max |eager| of a compiled step against the same model in eager
-DTYPE = torch.bfloat16
 
 
-# ---- the model ----
-
-
-@dataclass(frozen=True)
-class Config:
-    dim: int = 4096
-    heads: int = 32
-    kv_heads: int = 8
-    hidden: int = 14336
-    layers: int = 4
-    eps: float = 1e-5
-    rope_base: float = 500000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-
-FULL = Config()
-SMALL = Config(dim=512, heads=8, kv_heads=2, hidden=1792)
 # Defaults of the flags left unset. --small checks and times every variant in a few minutes on 2 CPU cores
-# (`time python scripts/bench_model.py --small`); the full run is the H200 tables' method.
+# (`time python -m scripts.bench_model --small`); the full run is the H200 tables' method.
 SMALL_RUN: dict[str, Any] = {
     "layers": 1,
     "batches": [1, 16],
@@ -136,328 +125,6 @@ FULL_RUN: dict[str, Any] = {
 }
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, heads, hd] rotated by position; cos / sin [T, hd / 2]."""
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
-
-
-def split_heads(
-    qkv: torch.Tensor, heads: int, kv_heads: int, hd: int, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fused qkv projection [B, T, (heads + 2 kv_heads) hd] -> q, k (rotated) and v as [B, heads, T, hd]."""
-    b, t, _ = qkv.shape
-    q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
-    q = rope(q.view(b, t, heads, hd), cos, sin).transpose(1, 2)
-    k = rope(k.view(b, t, kv_heads, hd), cos, sin).transpose(1, 2)
-    return q, k, v.view(b, t, kv_heads, hd).transpose(1, 2)
-
-
-class TP:
-    """The tensor-parallel world the model runs in (rank 0 of 1 without --tp)."""
-
-    def __init__(self, rank: int = 0, world: int = 1, group: Any = None) -> None:
-        self.rank, self.world, self.group = rank, world, group
-
-    def __deepcopy__(self, memo: dict) -> TP:  # one world shared by every variant's copy of the model
-        return self
-
-    def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
-        if self.group is None:
-            return y
-        from torch.distributed import _functional_collectives as funcol
-
-        return funcol.all_reduce(y, "sum", self.group)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: Config, tp: TP) -> None:
-        super().__init__()
-        self.cfg, self.tp = cfg, tp
-        hd = cfg.head_dim
-        self.heads, self.kv_heads = cfg.heads, cfg.kv_heads  # local counts after `shard`
-        self.qkv = nn.Linear(cfg.dim, (cfg.heads + 2 * cfg.kv_heads) * hd, bias=False)
-        self.o = nn.Linear(cfg.heads * hd, cfg.dim, bias=False)
-        self.gate_up = nn.Linear(cfg.dim, 2 * cfg.hidden, bias=False)
-        self.down = nn.Linear(cfg.hidden, cfg.dim, bias=False)
-        self.attn_norm = nn.Parameter(torch.ones(cfg.dim))
-        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim))
-        self.register_buffer("k_cache", torch.empty(0), persistent=False)
-        self.register_buffer("v_cache", torch.empty(0), persistent=False)
-
-    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        hd = self.cfg.head_dim
-        qkv = self.qkv(rms_norm(x, self.attn_norm, self.cfg.eps))
-        q, k, v = split_heads(qkv, self.heads, self.kv_heads, hd, cos, sin)
-        self.k_cache[:b, :, start : start + t] = k
-        self.v_cache[:b, :, start : start + t] = v
-        keys, values = self.k_cache[:b, :, : start + t], self.v_cache[:b, :, : start + t]
-        # decode (t == 1) attends to the whole cache; prefill starts at 0, so causal is the mask. A branch, not
-        # `is_causal=t > 1`: with a symbolic t that is a SymBool, which SDPA refuses (a graph break).
-        if t > 1:
-            y = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-        else:
-            y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        x = x + self.tp.all_reduce(self.o(y.transpose(1, 2).reshape(b, t, self.heads * hd)))
-        gate, up = self.gate_up(rms_norm(x, self.ffn_norm, self.cfg.eps)).chunk(2, dim=-1)
-        return x + self.tp.all_reduce(self.down(F.silu(gate) * up))
-
-
-class Decoder(nn.Module):
-    """`cfg.layers` blocks and a final RMSNorm over hidden states [B, T, dim]; `start` is the position of the
-    first of the T tokens (decode: the cache length; prefill: 0)."""
-
-    def __init__(self, cfg: Config, tp: TP) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList(Block(cfg, tp) for _ in range(cfg.layers))
-        self.norm = nn.Parameter(torch.ones(cfg.dim))
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin", torch.empty(0), persistent=False)
-
-    def setup_cache(self, batch: int, seq: int) -> None:
-        """KV caches for `batch` sequences of `seq` positions (random contents: a cache already filled)."""
-        dev, hd = self.norm.device, self.cfg.head_dim
-        g = torch.Generator(device=dev).manual_seed(1)
-        for blk in self.layers:
-            shape = (batch, blk.kv_heads, seq, hd)
-            blk.k_cache = torch.randn(shape, generator=g, device=dev, dtype=DTYPE)
-            blk.v_cache = torch.randn(shape, generator=g, device=dev, dtype=DTYPE)
-        inv = 1.0 / self.cfg.rope_base ** (torch.arange(0, hd, 2, device=dev).float() / hd)
-        angles = torch.outer(torch.arange(seq, device=dev).float(), inv)
-        self.cos, self.sin = angles.cos(), angles.sin()
-
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        t = x.shape[1]
-        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
-        for blk in self.layers:
-            x = blk(x, start, cos, sin)
-        return rms_norm(x, self.norm, self.cfg.eps)
-
-
-def build_base(cfg: Config, device: str, tp: TP) -> Decoder:
-    """The bf16 model every variant starts from: the same random weights (seed 0) on every rank."""
-    torch.manual_seed(0)
-    with torch.device(device):  # initialized where it runs: 8B-shaped layers are slow to fill on a CPU
-        model = Decoder(cfg, tp)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, p.shape[1] ** -0.5)
-    return model.to(device=device, dtype=DTYPE).requires_grad_(False)
-
-
-# ---- quantizations ----
-
-
-class MXWeightOnlyLinear(nn.Module):
-    """MX weight-only, hand-written: elements (packed e2m1 bytes or e4m3) and e8m0 codes per 32 along K."""
-
-    def __init__(self, linear: nn.Linear, elem: str) -> None:
-        super().__init__()
-        self.elem = elem
-        q, e = mx_format.quantize(linear.weight.detach().float(), elem)
-        self.register_buffer("q", q)
-        self.register_buffer("e", e)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, mx_format.dequantize(self.q, self.e, self.elem, x.dtype))
-
-
-def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
-    for blk in model.layers:
-        for name in ("qkv", "o", "gate_up", "down"):
-            setattr(blk, name, make(getattr(blk, name)))
-
-
-def _torchao(config_name: str) -> Callable[[nn.Module], None]:
-    def apply(model: nn.Module) -> None:
-        from torchao import quantization as ao
-
-        ao.quantize_(model, getattr(ao, config_name)())
-
-    return apply
-
-
-# quantization key -> (in-place quantizer, weight bytes per element of N*K, extra bytes per output row, whether
-# it is sharded before quantizing)
-QUANTS: dict[str, tuple[Callable[[nn.Module], None] | None, float, float, bool]] = {
-    "bf16": (None, 2.0, 0.0, False),
-    "woq": (lambda m: _swap_linears(m, WeightOnlyInt8Linear.from_linear), 1.0, 2.0, False),
-    "dyn": (lambda m: _swap_linears(m, DynamicInt8Linear.from_linear), 1.0, 4.0, False),
-    "ao-woq": (_torchao("Int8WeightOnlyConfig"), 1.0, 2.0, True),
-    "ao-dyn": (_torchao("Int8DynamicActivationInt8WeightConfig"), 1.0, 2.0, True),
-    "mxfp4": (
-        lambda m: _swap_linears(m, lambda lin: MXWeightOnlyLinear(lin, "e2m1")),
-        0.5 + 1 / 32,
-        0.0,
-        False,
-    ),
-    "mxfp8": (
-        lambda m: _swap_linears(m, lambda lin: MXWeightOnlyLinear(lin, "e4m3")),
-        1.0 + 1 / 32,
-        0.0,
-        False,
-    ),
-}
-DEFAULT_VARIANTS = (
-    "bf16",
-    "woq:stock",
-    "woq:qlower",
-    "ao-woq:stock",
-    "ao-woq:qlower",
-    "ao-dyn:stock",
-    "ao-dyn:qlower",
-    "mxfp4:qlower",
-    "mxfp8:qlower",
-)
-ALL_VARIANTS = ("bf16", *(f"{q}:{c}" for q in QUANTS if q != "bf16" for c in ("stock", "qlower")))
-
-
-def parse_variants(text: str) -> list[str]:
-    names: list[str] = []
-    for item in text.split(","):
-        item = item.strip()
-        names += (
-            DEFAULT_VARIANTS
-            if item == "default"
-            else ALL_VARIANTS
-            if item == "all"
-            else [item]
-            if item
-            else []
-        )
-    bad = [v for v in names if v not in ALL_VARIANTS]
-    if bad:
-        raise SystemExit(f"bench_model: unknown variants {bad}; choose from {', '.join(ALL_VARIANTS)}")
-    names = list(dict.fromkeys(names))
-    return names if "bf16" in names else ["bf16", *names]  # the baseline of every ratio
-
-
-def split_variant(variant: str) -> tuple[str, str]:
-    quant, _, compiler = variant.partition(":")
-    return quant, compiler or "stock"
-
-
-# ---- tensor parallel ----
-
-
-def shard_linear(
-    lin: nn.Module, k: int, rows: list[tuple[int, int]] | None, cols: tuple[int, int] | None
-) -> None:
-    """Keep this rank's shard of every weight tensor of `lin` (dim 0 is N for all of qlower's forms and
-    nn.Linear). Column-parallel (`rows`: the kept row ranges): 2-D and 1-D tensors (per-channel scales) are
-    sliced. Row-parallel (`cols`: the kept K range): 2-D tensors are sliced along dim 1 in proportion to K (int8
-    weight K columns, packed e2m1 K / 2, e8m0 codes K / 32); 1-D tensors (the scales) stay whole."""
-    for store in (lin._parameters, lin._buffers):
-        for name, t in list(store.items()):
-            if t is None or t.dim() not in (1, 2):
-                continue
-            u = t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.int8 else t
-            if rows is not None:
-                u = torch.cat([u[a:b] for a, b in rows])
-            elif t.dim() == 2:
-                width = t.shape[1]
-                if cols[0] * width % k or cols[1] * width % k:
-                    raise SystemExit(f"bench_model: a K shard {cols} of {k} splits a block of {name}")
-                u = u[:, cols[0] * width // k : cols[1] * width // k]
-            else:
-                continue
-            u = u.contiguous().view(t.dtype) if u.dtype != t.dtype else u.contiguous()
-            store[name] = nn.Parameter(u, requires_grad=False) if isinstance(t, nn.Parameter) else u
-
-
-def shard(model: Decoder, tp: TP) -> None:
-    """gpt-fast's tp.py layout: qkv and gate/up column-parallel (each of q, k, v, gate, up split by rank),
-    o and down row-parallel (their outputs summed by `TP.all_reduce` in the forward)."""
-    cfg, r, w = model.cfg, tp.rank, tp.world
-    hd = cfg.head_dim
-    for name, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("hidden", cfg.hidden)):
-        if n % w:
-            raise SystemExit(f"bench_model: --tp {w} does not divide {name} = {n}")
-
-    def rows(sizes: list[int]) -> list[tuple[int, int]]:
-        out, off = [], 0
-        for s in sizes:
-            out.append((off + r * s // w, off + (r + 1) * s // w))
-            off += s
-        return out
-
-    q, kv, hid = cfg.heads * hd, cfg.kv_heads * hd, cfg.hidden
-    for blk in model.layers:
-        shard_linear(blk.qkv, cfg.dim, rows([q, kv, kv]), None)
-        shard_linear(blk.gate_up, cfg.dim, rows([hid, hid]), None)
-        shard_linear(blk.o, q, None, (r * q // w, (r + 1) * q // w))
-        shard_linear(blk.down, hid, None, (r * hid // w, (r + 1) * hid // w))
-        blk.heads, blk.kv_heads = cfg.heads // w, cfg.kv_heads // w
-
-
-@contextlib.contextmanager
-def tp_world(tp: int | None, device: str) -> Iterator[tuple[TP, str]]:
-    """The TP world and this rank's device. `--tp N` under torchrun joins its world; without torchrun, a world
-    of 1 in this process (the dry run of the same code), taken down again at the end."""
-    if tp is None:
-        yield TP(), device
-        return
-    import torch.distributed as dist
-
-    if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    own = not dist.is_initialized()
-    if own and "RANK" in os.environ:  # torchrun
-        dist.init_process_group(backend)
-    elif own:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        world = dist.get_world_size()
-        if world != tp:
-            raise SystemExit(
-                f"bench_model: --tp {tp} but the world has {world} processes (torchrun --nproc-per-node)"
-            )
-        yield TP(dist.get_rank(), world, dist.group.WORLD), device
-    finally:
-        if own:
-            dist.destroy_process_group()
-
-
-def weight_bytes(cfg: Config, quant: str, world: int) -> int:
-    """Bytes of quantized weights one rank reads per step (the HBM bound's numerator)."""
-    _, per_elem, per_row, _ = QUANTS[quant]
-    hd = cfg.head_dim
-    total = 0.0
-    for n, k, column in (
-        ((cfg.heads + 2 * cfg.kv_heads) * hd, cfg.dim, True),
-        (cfg.dim, cfg.heads * hd, False),
-        (2 * cfg.hidden, cfg.dim, True),
-        (cfg.dim, cfg.hidden, False),
-    ):  # per-row scales: sliced on column-parallel shards, whole on row-parallel ones
-        total += n * k * per_elem / world + n * per_row / (world if column else 1)
-    return int(total * cfg.layers)
-
-
-def build_variant(base: Decoder, quant: str, tp: TP, batch: int, seq: int) -> Decoder:
-    quantize, _, _, shard_first = QUANTS[quant]
-    model = copy.deepcopy(base)
-    if tp.group is not None and shard_first:
-        shard(model, tp)
-    if quantize is not None:
-        quantize(model)
-    if tp.group is not None and not shard_first:
-        shard(model, tp)
-    model.setup_cache(batch, seq)
-    return model
-
-
 # ---- workloads, timing, one row ----
 
 
@@ -472,37 +139,6 @@ class Workload:
 def workloads(batches: list[int], cache: int, prefill: int) -> list[Workload]:
     out = [Workload(f"decode b{b}", b, 1, cache) for b in batches]
     return out + ([Workload(f"prefill {prefill}", 1, prefill, 0)] if prefill else [])
-
-
-@dataclass
-class Row:
-    variant: str
-    workload: str
-    mode: str  # static | changing | dynamic
-    cudagraphs: bool
-    tp: int
-    batch: int
-    tokens_per_step: int
-    seconds: float | None = None  # median per step
-    min_seconds: float | None = None
-    spread: float | None = None  # IQR / median of the timed steps (qlower.timing); None in older JSON
-    reps: int = 0
-    tokens_per_s: float | None = None
-    vs_bf16: float | None = None
-    weight_bytes: int = 0
-    hbm_bound: float | None = None  # weight bytes / HBM bandwidth, over the step time (CUDA)
-    gpu_matmul_s: float | None = None  # --kernel-split: matmul kernels' GPU time per step
-    gpu_other_s: float | None = None  # --kernel-split: every other kernel's GPU time per step
-    rel_err: float | None = None
-    graphs_compiled: int = (
-        0  # Dynamo graphs this row's calls compiled (0: an earlier workload's graph served)
-    )
-    compile_s: float | None = None  # wall seconds of the call that compiled (None: no compile in this row)
-    lowered: int | None = None  # qlower rows: linears lowered / candidates
-    linears: int | None = None
-    kernels: str = ""
-    reasons: list[str] = field(default_factory=list)  # full reason of every linear left alone
-    note: str = ""
 
 
 def qlower_summary(reports: list[Any]) -> tuple[int, int, str, list[str]]:
@@ -739,7 +375,7 @@ def _measure(
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             **versions(),
             "command": (f"torchrun --nproc-per-node {tp.world} " if tp.world > 1 else "python ")
-            + "scripts/bench_model.py "
+            + "-m scripts.bench_model "
             + " ".join(args.argv),
             "config": dataclasses.asdict(cfg),
             "cache": args.cache,
@@ -777,7 +413,7 @@ def _measure(
                     if model is not None:
                         fn = compile_model(model, compiler, mode, graphs, args.cpp_wrapper)
                     if warm is not None and fn is not None:
-                        bar.set_postfix_str(f"{variant} {_combo_name(mode, graphs)}: {warm.name}")
+                        bar.set_postfix_str(f"{variant} {combo_name(mode, graphs)}: {warm.name}")
                         note = f"after {warm.name}"
                         try:
                             fn(torch.randn(1, warm.tokens, cfg.dim, device=device, dtype=DTYPE), warm.start)
@@ -787,7 +423,7 @@ def _measure(
                     for wl in group:
                         row = Row(variant, wl.name, mode, graphs, tp.world, wl.batch, wl.batch * wl.tokens)
                         row.weight_bytes = wbytes
-                        bar.set_postfix_str(f"{variant} {_combo_name(mode, graphs)}: {wl.name}")
+                        bar.set_postfix_str(f"{variant} {combo_name(mode, graphs)}: {wl.name}")
                         if fn is not None:
                             try:
                                 run_row(model, fn, row, wl, args, device, prev)
@@ -810,159 +446,6 @@ def _measure(
     fill_ratios(rows)
     meta = meta_now(partial=False)
     return meta, rows
-
-
-def timing_warning(rows: list[Row], watch: LoadWatch | None) -> str | None:
-    """bench_model's WARNING line (qlower.timing.stability_warning) over every timed row."""
-    spreads = {
-        f"{r.variant} {r.workload} {r.mode}" + (" graphs" if r.cudagraphs else ""): r.spread
-        for r in rows
-        if r.spread is not None
-    }
-    return stability_warning(spreads, watch.peak if watch is not None else None)
-
-
-def fill_ratios(rows: list[Row]) -> None:
-    base = {(r.workload, r.mode, r.cudagraphs, r.tp): r.seconds for r in rows if r.variant == "bf16"}
-    for r in rows:
-        b = base.get((r.workload, r.mode, r.cudagraphs, r.tp))
-        r.vs_bf16 = b / r.seconds if b and r.seconds else None
-
-
-# ---- output ----
-
-
-def _fmt_time(s: float | None) -> str:
-    if s is None:
-        return "—"
-    return f"{s * 1e6:.0f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms"
-
-
-def _fmt_step(r: Row) -> str:
-    """The median step and, when measured, its spread: `1.23 ms ±4%`."""
-    return _fmt_time(r.seconds) + ("" if r.spread is None else " " + format_spread(r.spread))
-
-
-def _combo_name(mode: str, graphs: bool) -> str:
-    return f"{mode} shapes, CUDA graphs {'on' if graphs else 'off'}"
-
-
-def table(rows: list[Row]) -> str:
-    """Side by side (one row per workload, one column per variant: time and ratio to bf16) for each shape mode
-    and graphs setting, then every field of every row."""
-    variants = list(dict.fromkeys(r.variant for r in rows))
-    out = []
-    for mode, graphs in dict.fromkeys((r.mode, r.cudagraphs) for r in rows):
-        sub = [r for r in rows if (r.mode, r.cudagraphs) == (mode, graphs)]
-        out += [f"### {_combo_name(mode, graphs)}", "", "| workload | " + " | ".join(variants) + " |"]
-        out.append("|---|" + "---|" * len(variants))
-        for wl in dict.fromkeys(r.workload for r in sub):
-            by_v = {r.variant: r for r in sub if r.workload == wl}
-            cells = []
-            for v in variants:
-                r = by_v.get(v)
-                if r is None or r.seconds is None:
-                    cells.append("failed" if r is not None else "—")
-                else:
-                    ratio = f" ({r.vs_bf16:.2f}×)" if v != "bf16" and r.vs_bf16 else ""
-                    cells.append(_fmt_step(r) + ratio)
-            out.append(f"| {wl} | " + " | ".join(cells) + " |")
-        out.append("")
-    split = any(r.gpu_matmul_s is not None for r in rows)
-    split_head = ["GPU: matmuls", "GPU: other", "HBM bound / matmuls"] if split else []
-    head = [
-        "variant",
-        "workload",
-        "shapes",
-        "graphs",
-        "step",
-        "tokens/s",
-        "vs bf16",
-        "HBM bound",
-        *split_head,
-        "compiles",
-        "compile s",
-        "qlower",
-        "note",
-    ]
-    out += ["### every row", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        q = f"{r.lowered}/{r.linears} lowered: {r.kernels}" if r.linears is not None else ""
-        cells = [
-            r.variant,
-            r.workload,
-            r.mode,
-            "on" if r.cudagraphs else "off",
-            _fmt_step(r),
-            f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "—",
-            f"{r.vs_bf16:.2f}×" if r.vs_bf16 else "—",
-            f"{r.hbm_bound:.2f}" if r.hbm_bound is not None else "—",
-            *(_split_cells(r) if split else []),
-            str(r.graphs_compiled),
-            f"{r.compile_s:.1f}" if r.compile_s is not None else "—",
-            q,
-            r.note.replace("|", "/"),
-        ]
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def _split_cells(r: Row) -> list[str]:
-    if r.gpu_matmul_s is None or r.gpu_other_s is None:
-        return ["—", "—", "—"]
-    bound = r.hbm_bound * r.seconds / r.gpu_matmul_s if r.hbm_bound and r.seconds and r.gpu_matmul_s else None
-    return [_fmt_time(r.gpu_matmul_s), _fmt_time(r.gpu_other_s), f"{bound:.2f}" if bound else "—"]
-
-
-def plot(rows: list[Row], title: str, path: Path) -> Path | None:
-    """PNG: speedup vs bf16 per workload, one panel per shape mode and graphs setting, one line per variant."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        print("bench_model: matplotlib is not installed (pip install -e '.[test]'): no plot", file=sys.stderr)
-        return None
-    combos = list(dict.fromkeys((r.mode, r.cudagraphs) for r in rows))
-    fig, axes = plt.subplots(1, len(combos), figsize=(5.5 * len(combos), 4.2), squeeze=False)
-    for ax, (mode, graphs) in zip(axes[0], combos, strict=True):
-        sub = [r for r in rows if (r.mode, r.cudagraphs) == (mode, graphs)]
-        wls = list(dict.fromkeys(r.workload for r in sub))
-        for v in dict.fromkeys(r.variant for r in sub if r.variant != "bf16"):
-            pts = [(wls.index(r.workload), r.vs_bf16) for r in sub if r.variant == v and r.vs_bf16]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-        ax.axhline(1.0, color="gray", linestyle="--", label="bf16 compiled")
-        ax.set_xticks(range(len(wls)), wls, rotation=30)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
-        ax.set_ylabel("speedup vs bf16 compiled")
-        ax.set_title(_combo_name(mode, graphs), fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def write(out: Path, meta: dict[str, Any], rows: list[Row], with_plot: bool = True) -> str:
-    stem = out / (f"model_{meta['device_kind']}" + (f"_tp{meta['tp']}" if meta["tp"] > 1 else ""))
-    skip = ("config", "rank", "device_kind", "warning")
-    header = " · ".join(f"{k} {v}" for k, v in meta.items() if k not in skip and v is not None)
-    warning = f"\n\n{meta['warning']}" if meta.get("warning") else ""
-    text = f"{header}{warning}\n\nconfig: {meta['config']}\n\n{table(rows)}"
-    out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(text + "\n")
-    data = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-    c = meta["config"]
-    shape = f"{c['layers']} layers, dim {c['dim']}, cache {meta['cache']}, TP {meta['tp']}"
-    title = f"{shape} · {meta['device']} · torch {meta['torch']} · {meta['date']}"
-    png = plot(rows, title, stem.with_suffix(".png")) if with_plot else None
-    return text + f"\n\nwrote {stem}.md, {stem}.json" + (f", {png}" if png else "")
 
 
 # ---- command line ----
@@ -1082,18 +565,13 @@ def cold_caches() -> None:
     torch._inductor.config.force_disable_caches = True
 
 
-def _renamed_keys(row: dict[str, Any]) -> dict[str, Any]:
-    """A row of an earlier run's JSON under today's field names (`hbm_floor` was `hbm_bound`'s old name)."""
-    return {("hbm_bound" if k == "hbm_floor" else k): v for k, v in row.items()}
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     out = Path(args.out)
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
-        meta, rows = data["meta"], [Row(**_renamed_keys(r)) for r in data["rows"]]
+        meta, rows = data["meta"], [Row(**renamed_keys(r)) for r in data["rows"]]
     else:
         if args.cold:
             cold_caches()

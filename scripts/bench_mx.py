@@ -1,14 +1,12 @@
-"""mx cases for scripts/bench.py (interface at the top of bench.py), plus a kernel config sweep.
+"""Sweep of qlower's MX Triton kernel configs; the compiled MX model against bf16 on the target shapes (CUDA).
 
-    QLOWER_BENCH_MX=mxfp8_dynamic python scripts/bench.py --family mx --device cuda --shapes 4096x4096x14336
-    QLOWER_BENCH_MX=mxfp4_weight_only python scripts/bench.py --family mx --device cuda --shapes 1x4096x14336
-    python scripts/bench_mx.py --sweep [--out DIR]     # time qlower's MX Triton kernels per config (CUDA)
+    python -m scripts.bench_mx --sweep [--out DIR]     # time qlower's MX Triton kernels per config
+    python -m scripts.bench_mx --sweep --e2e           # then the compiled model with the winners
+    python -m scripts.bench_mx [bench.py's flags]      # = python -m scripts.bench --family mx [flags]
 
-Cases (QLOWER_BENCH_MX, default mxfp8_dynamic): the model as written by hand with plain torch ops
-(`patterns/mx_format.dequantize`, and `quantize` for the dynamic activation), what stock torch.compile and
-qlower both receive. The sweep calls the kernels directly with each candidate config on the issue's target
-shapes, checks each result against an fp32 reference and prints the fastest; lowerings/kernels/triton/mx/ops.py holds
-the choice.
+The sweep calls the kernels directly with each candidate config on the issue's target shapes, checks each
+result against an fp32 reference and prints the fastest; lowerings/kernels/triton/mx/ops.py holds the choice.
+The cases and the model are the mx family module of bench.py (scripts/bench_families/mx.py).
 """
 
 from __future__ import annotations
@@ -19,64 +17,15 @@ import os
 import sys
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_mx", *sys.argv[1:]])
+
 import torch
 import torch.nn.functional as F
 
 from qlower.quantize import mx_format as fmt
-
-FAMILY = "mx"
-DTYPE = torch.bfloat16
-CASES = {  # name -> (activation element format or None for weight-only, weight element format)
-    "mxfp8_dynamic": ("e4m3", "e4m3"),
-    "mxfp8_weight_only": (None, "e4m3"),
-    "mxfp4_weight_only": (None, "e2m1"),
-    "mxfp4_dynamic": ("e2m1", "e2m1"),
-}
-CASE = os.environ.get("QLOWER_BENCH_MX", "mxfp8_dynamic")
-if CASE not in CASES:
-    raise SystemExit(f"bench_mx: QLOWER_BENCH_MX={CASE!r}, expected one of {sorted(CASES)}")
-A_ELEM, W_ELEM = CASES[CASE]
-GRID_M = (1, 16, 128, 4096) if A_ELEM is None else (16, 128, 1024, 4096)
-GRID_KN = ((4096, 4096), (4096, 14336))
-QUICK_M = (1, 4096)
-QUICK_KN = ((4096, 14336),)
-
-
-def make_weights(k: int, n: int, device: str, seed: int) -> dict[str, torch.Tensor]:
-    """The bf16 weight [N, K] and its MX quantization: elements q and uint8 scale codes e [N, K / 32]."""
-    g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n, k, generator=g) * k**-0.5).to(DTYPE).to(device)
-    q, e = fmt.quantize(w.float(), W_ELEM)
-    return {"bf16": w, "q": q, "e": e}
-
-
-def quant_bytes(k: int, n: int) -> int:
-    """Elements (1 byte, or half a byte for e2m1) plus one e8m0 code per 32."""
-    return (n * k // 2 if fmt.packed(W_ELEM) else n * k) + n * k // fmt.BLOCK
-
-
-def bf16_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-    return F.linear(x, w["bf16"])
-
-
-def mx_linear(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The MX model: (dynamically quantized) activation times the dequantized MX weight."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if A_ELEM is not None:
-        xq, xe = fmt.quantize(x2, A_ELEM)
-        x2 = fmt.dequantize(xq, xe, A_ELEM, x.dtype)
-    y = F.linear(x2, fmt.dequantize(w["q"], w["e"], W_ELEM, x.dtype))
-    return y.reshape(*x.shape[:-1], -1)
-
-
-VARIANTS = {
-    "bf16": (bf16_linear, None),
-    "stock": (mx_linear, "stock"),
-    "qlower": (mx_linear, "qlower"),
-}
-
-
-# ---- kernel config sweep (CUDA) ----
+from scripts.bench_families import mx
+from scripts.bench_families.mx import CASES, DTYPE
 
 DEVICE = "cuda"  # the sweep and --e2e modes (tests of this script swap in smaller shapes on CPU)
 SWEEP_SHAPES = {  # case -> (M, K, N): the issue's targets
@@ -218,17 +167,16 @@ def e2e(out_dir: Path | None, rotate: int = 8) -> str:
 
     import qlower
 
-    global A_ELEM, W_ELEM
     k, n = E2E_KN
     lines = [
         "| case | M, K→N | bf16 F.linear | qlower | vs bf16 | lowering | rel err vs eager |",
         "|---|---|---|---|---|---|---|",
     ]
     for case, ms in E2E_SHAPES.items():
-        A_ELEM, W_ELEM = CASES[case]
-        sets = [make_weights(k, n, DEVICE, seed) for seed in range(rotate)]
+        mx.A_ELEM, mx.W_ELEM = CASES[case]  # the formats mx.mx_linear reads
+        sets = [mx.make_weights(k, n, DEVICE, seed) for seed in range(rotate)]
         torch._dynamo.reset()
-        fn = torch.compile(mx_linear, dynamic=False, options=qlower.inductor_options(families=("mx",)))
+        fn = torch.compile(mx.mx_linear, dynamic=False, options=qlower.inductor_options(families=("mx",)))
         for m in ms:
             x = torch.randn(1, m, k, device=DEVICE, dtype=DTYPE)
             qlower.clear_reports()
@@ -236,10 +184,10 @@ def e2e(out_dir: Path | None, rotate: int = 8) -> str:
             lowering = ", ".join(
                 str(d.lowering or f"LEFT ALONE: {d.reason}") for r in qlower.all_reports() for d in r
             )
-            ref = mx_linear(x, sets[0])
+            ref = mx.mx_linear(x, sets[0])
             err = ((y.float() - ref.float()).norm() / ref.float().norm()).item()
             times = {}
-            for name, f in (("bf16", bf16_linear), ("qlower", fn)):
+            for name, f in (("bf16", mx.bf16_linear), ("qlower", fn)):
                 times[name] = _median_ms(lambda i, f=f, x=x, s=sets: f(x, s[i]), rotate, rep=200)
             tb, tq = times["bf16"], times["qlower"]
             lines.append(
@@ -256,8 +204,7 @@ def e2e(out_dir: Path | None, rotate: int = 8) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--sweep" not in argv and "--e2e" not in argv:  # the family benchmark: delegate to bench.py
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import bench
+        from scripts import bench
 
         return bench.main(["--family", "mx", *argv])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

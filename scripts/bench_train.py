@@ -1,7 +1,7 @@
 """Training-step benchmark for MX: a Llama-style stack trained end to end, bf16 against torchao's MX recipe.
 
-    python scripts/bench_train.py --device cuda [--variants bf16,mx:stock,mx:qlower] [--steps 20] [--out DIR]
-    python scripts/bench_train.py --small        (CPU smoke: dim 128, one layer, a few steps)
+    python -m scripts.bench_train --device cuda [--variants bf16,mx:stock,mx:qlower] [--steps 20] [--out DIR]
+    python -m scripts.bench_train --small        (CPU smoke: dim 128, one layer, a few steps)
 
 Each variant trains the same model (seed 0) on the same data with AdamW for `--steps` steps:
     bf16        nn.Linear in bf16, stock torch.compile
@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,15 +31,16 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_train", *sys.argv[1:]])
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
-from bench import DEFAULT_OUT, describe_device, versions  # noqa: E402
-from bench_model import TP, Block, Config, rms_norm, split_heads  # noqa: E402
-
-import qlower  # noqa: E402
+import qlower
+from scripts.common.meta import DEFAULT_OUT, describe_device, versions
+from scripts.decoder.model import TP, Block, Config, rms_norm, split_heads
 
 DTYPE = torch.bfloat16
 VARIANTS = ("bf16", "mx:eager", "mx:stock", "mx:qlower", "mx:qlower-emulated")
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": describe_device(args.device),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         **versions(),
-        "command": "python scripts/bench_train.py " + " ".join(args.argv),
+        "command": "python -m scripts.bench_train " + " ".join(args.argv),
         "config": dataclasses.asdict(args.cfg),
         "batch": args.batch,
         "seq": args.seq,

@@ -1,13 +1,15 @@
-"""Alias kept for issue 2: `python scripts/bench_woq.py [args]` = `python scripts/bench.py --family woq_int8 [args]`."""
+"""Alias kept for issue 2: `python -m scripts.bench_woq [args]` is `python -m scripts.bench --family woq_int8
+[args]`."""
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.bench_woq", *sys.argv[1:]])
 
-import bench  # noqa: E402
+from scripts import bench
 
 if __name__ == "__main__":
     sys.exit(bench.main(["--family", "woq_int8", *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 """Tune and benchmark qlower's CUDA Triton kernels (woq-int8, dynamic-int8) on one GPU, in one run.
 
-    python scripts/tune_cuda_kernels.py --out DIR [--sweep] [--compiled] [--budget-s 420]
+    python -m scripts.tune_cuda_kernels --out DIR [--sweep] [--compiled] [--budget-s 420]
 
 --sweep     times candidate configs of each kernel per (M, K, N) on raw launches, checks each against float64,
             installs the winners into `configs` in-process, and writes OUT/tuned.json: this GPU's data file
@@ -27,11 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.tune_cuda_kernels", *sys.argv[1:]])
+
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` leaves scripts/ off the path
-from cuda_timing import gpu_time_us  # noqa: E402
+from scripts.common.cuda_timing import gpu_time_us
 
 N_WEIGHTS = 8
 SHAPES_KN = ((4096, 4096), (4096, 14336))

@@ -1,11 +1,11 @@
 """Time every configuration of qlower's CUTLASS W8A16 GEMM per weight shape and M, beside cuBLAS bf16 and
 qlower's dequant + cuBLAS, and write this GPU's tuned table (lowerings/kernels/cutlass/tuned/<gpu>.json).
 
-    python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h200.json    # on an H200
-    python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/h100.json    # on an H100
+    python -m scripts.tune_cutlass --out lowerings/kernels/cutlass/tuned/h200.json    # on an H200
+    python -m scripts.tune_cutlass --out lowerings/kernels/cutlass/tuned/h100.json    # on an H100
 
-GPU time per call from CUDA-graph replays over 8 weight sets (scripts/cuda_timing.py), so weights come from
-HBM. Every configuration's output is checked against a float64 reference before it is timed. Prints one
+GPU time per call from CUDA-graph replays over 8 weight sets (scripts/common/cuda_timing.py), so weights come
+from HBM. Every configuration's output is checked against a float64 reference before it is timed. Prints one
 row per (shape, M): bf16 us, dequant + cuBLAS us, the best configuration's us and the ratios to bf16.
 """
 
@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__" and not __package__:  # run as a file: again as `python -m` (scripts/__init__.py)
+    os.execv(sys.executable, [sys.executable, "-m", "scripts.tune_cutlass", *sys.argv[1:]])
+
 import torch
-from cuda_timing import gpu_time_us
 
 from qlower.lowerings.kernels.cutlass import build as cutlass_build
 from qlower.lowerings.kernels.cutlass import configs as cutlass_configs
 from qlower.lowerings.kernels.cutlass import w8a16
 from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # dequant + cuBLAS
+from scripts.common.cuda_timing import gpu_time_us
 
 SETS = 8
 SPLITS = (0, 2, 3, 4)  # stream-K configurations: heuristic, then split-K by s

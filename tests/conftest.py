@@ -1,17 +1,13 @@
 """Shared pytest setup: GPU tests skip cleanly on CPU machines; each test starts from a clean Dynamo state.
 
-Subprocesses (and spawned ranks) a test waits for get `timeout=SUBPROCESS_TIMEOUT_S`: a guard against a hang,
-never a speed limit. A loaded 2-core machine runs a test several times slower than a quiet one
-(test_triton_kernels.py's bucket-edge subprocess: 125 s alone, over 300 s under load), and no test may fail
-because the machine was slow; speed targets live in the benchmarks (scripts/bench*.py), not in tests.
+What test files share otherwise is importable: `tests.helpers` (the subprocess hang guard
+`SUBPROCESS_TIMEOUT_S`, ...) and the model forms, `tests.forms`.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-SUBPROCESS_TIMEOUT_S = 3600  # the one hang guard of every subprocess a test runs (see above)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

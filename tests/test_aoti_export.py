@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from aoti_cuda import needs_cuda_package_load
-from conftest import SUBPROCESS_TIMEOUT_S
 from torch import nn
 
 import qlower
@@ -27,6 +25,8 @@ from qlower.lowerings.aoti import build, shim_ops
 from qlower.lowerings.aoti.dtypes import shim_has_dtype
 from qlower.patterns import mx_format
 from qlower.quantize import QUANTIZERS
+from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers.aoti_cuda import needs_cuda_package_load
 
 BF16 = torch.bfloat16
 PROXY = "aoti_torch_proxy_executor_call_function"

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import builtins
-import importlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from scripts import bench
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
-
-def _load_bench():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    return importlib.import_module("bench")
+SCRIPTS = ROOT / "scripts"
 
 
 def test_shapes_and_grids() -> None:
-    bench = _load_bench()
     assert bench.parse_shapes("1x64x64,16X64x128") == [(1, 64, 64), (16, 64, 128)]
     fam = bench.load_family("woq_int8")
     assert bench.grid(fam, False, None) == {
@@ -36,25 +31,27 @@ def test_shapes_and_grids() -> None:
 
 
 def test_missing_family_module_is_a_clear_error() -> None:
-    bench = _load_bench()
-    with pytest.raises(SystemExit, match="no scripts/bench_nope.py"):
+    with pytest.raises(SystemExit, match="no scripts/bench_families/nope.py"):
         bench.load_family("nope")
 
 
 def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
     """Run as docs/development.md says (no --out): the files go to ./bench-out, never to the committed
     benchmarks/."""
-    cmd = [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--family", "woq_int8", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "scripts.bench", "--quick", "--family", "woq_int8", "--device", "cpu"]
     cmd += ["--shapes", "1x64x64,32x64x128", "--budget", "0.02", "--rotate", "2"]
-    committed = {p: p.stat().st_mtime_ns for p in (SCRIPTS.parent / "benchmarks").glob("woq_int8_cpu.*")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=tmp_path)
+    committed = {p: p.stat().st_mtime_ns for p in (ROOT / "benchmarks").glob("woq_int8_cpu.*")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # `-m scripts.bench` from another folder than the root
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=tmp_path, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {p: p.stat().st_mtime_ns for p in committed} == committed
     assert not (tmp_path / "benchmarks").exists()
     tmp_path = tmp_path / "bench-out"
     data = json.loads((tmp_path / "woq_int8_cpu.json").read_text())
     got = {(r["m"], r["k"], r["n"], r["variant"]) for r in data["results"]}
-    variants = _load_bench().load_family("woq_int8").VARIANTS
+    variants = bench.load_family("woq_int8").VARIANTS
     assert got == {(m, 64, n, v) for m, n in ((1, 64), (32, 128)) for v in variants}
     for r in data["results"]:
         assert r["seconds"] > 0
@@ -75,18 +72,16 @@ def test_bench_quick_tiny_shapes_cpu(tmp_path: Path) -> None:
     # --replot rebuilds the same table from the JSON without measuring.
     replot = tmp_path / "replot"
     args = ["--family", "woq_int8", "--device", "cpu", "--out", str(replot)]
-    assert _load_bench().main([*args, "--replot", str(tmp_path / "woq_int8_cpu.json")]) == 0
+    assert bench.main([*args, "--replot", str(tmp_path / "woq_int8_cpu.json")]) == 0
     assert (replot / "woq_int8_cpu.md").read_text() == table
 
 
 def test_out_defaults_to_a_scratch_folder() -> None:
-    bench = _load_bench()
     assert bench.parse_args(["--family", "woq_int8"]).out == "bench-out"
     assert bench.parse_args(["--family", "woq_int8", "--out", "benchmarks"]).out == "benchmarks"
 
 
 def test_progress_bar_on_a_terminal_redraws_one_line_with_an_eta() -> None:
-    bench = _load_bench()
     stream = io.StringIO()
     bar = bench.Progress(4, "bench woq_int8 cpu", stream=stream, tty=True)
     bar.set_postfix_str("M=1 K=64 N=64 qlower (compile, check)")
@@ -102,7 +97,6 @@ def test_progress_bar_on_a_terminal_redraws_one_line_with_an_eta() -> None:
 
 
 def test_progress_without_a_terminal_prints_a_line_per_shape() -> None:
-    bench = _load_bench()
     stream = io.StringIO()
     bar = bench.Progress(2, "bench mx cpu", stream=stream, tty=False)
     bar.set_postfix_str("M=1 K=64 N=64 bf16 (round 1/5)")  # steps inside a shape print nothing
@@ -118,7 +112,6 @@ def test_progress_without_a_terminal_prints_a_line_per_shape() -> None:
 def test_plot_without_matplotlib_is_one_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    bench = _load_bench()
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):
@@ -138,27 +131,25 @@ def test_the_test_extra_installs_matplotlib() -> None:
     """The README's set-up (scripts/run_tests.sh) installs the test extra: the bench's plot works from it."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    extras = tomllib.loads((SCRIPTS.parent / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "matplotlib" in extras["test"]
     assert "'.[test,cuda]'" in (SCRIPTS / "run_tests.sh").read_text()
 
 
 def test_bench_woq_alias_runs() -> None:
+    """Run as a file from the repository root (it runs itself again as `python -m scripts.bench_woq`)."""
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench_woq.py"), "--help"],
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
+        cwd=ROOT,
     )
-    assert proc.returncode == 0 and "--shapes" in proc.stdout
+    assert proc.returncode == 0 and "--shapes" in proc.stdout, proc.stderr[-2000:]
 
 
 CUT_SHORT = """
-import sys
-sys.path.insert(0, {scripts!r})
-import bench
+from scripts import bench
 
 real_run_kn = bench.run_kn
 
@@ -180,9 +171,9 @@ except TimeoutError:
 def test_a_run_cut_short_keeps_its_finished_tables(tmp_path: Path) -> None:
     """After each (K, N) the tables so far are on disk, marked partial: a time limit loses only the rest.
     (In a subprocess: bench.main sets process-wide torch configs.)"""
-    code = CUT_SHORT.format(scripts=str(SCRIPTS), out=str(tmp_path))
+    code = CUT_SHORT.format(out=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT
     )
     assert proc.returncode == 0 and "cut short" in proc.stdout, proc.stderr[-2000:]
     data = json.loads((tmp_path / "woq_int8_cpu.json").read_text())
@@ -223,7 +214,6 @@ def test_timing_warning_on_an_unstable_series_or_a_loaded_machine() -> None:
 
 
 def test_bench_table_shows_each_median_with_its_spread(tmp_path: Path) -> None:
-    bench = _load_bench()
     mod = bench.load_family("woq_int8")
     results = [bench.Result(1, 64, 64, v, 2e-3, spread=0.04) for v in mod.VARIANTS]
     results[-1].spread = 0.5

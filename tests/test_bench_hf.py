@@ -8,18 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
 pytest.importorskip("transformers")
 pytest.importorskip("torchao")
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_hf.py"
 
 
 @pytest.mark.slow
 def test_tiny_generate_rows_for_every_flow(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--new-tokens", "3", "--out", str(tmp_path)],
+        [sys.executable, "-m", "scripts.bench_hf", "--tiny", "--new-tokens", "3", "--out", str(tmp_path)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,

@@ -5,30 +5,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from scripts import bench_model as bm
+from scripts.decoder import model as dm
+from scripts.decoder import tables, variants
+
 TINY = ["--dim", "128", "--heads", "4", "--kv-heads", "2", "--hidden", "448", "--layers", "1"]
-
-
-def _load():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    return importlib.import_module("bench_model")
 
 
 def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
     """Every requested row is in the JSON with a finite time and ratio, each compiled step matches eager, and
     each qlower row reports its 4 linears (qkv, o, gate/up, down of the one layer) lowered. `--tp 1` runs the
     sharding and the all_reduce in a world of 1 (gloo)."""
-    bm = _load()
     variants = ["bf16", "woq:qlower"]  # each variant is one CPU compile (~5 s): two keep it light
     argv = [*TINY, *"--device cpu --batches 1 --cache 32 --prefill 0 --shapes static".split()]
     argv += ["--variants", ",".join(variants), *"--reps 2 --warmup 1 --budget 0 --threads 1".split()]
@@ -66,18 +60,17 @@ def test_smoke_cpu_tiny_decoder(tmp_path: Path) -> None:
 def test_tp_shards_match_the_unsharded_linears(quant: str) -> None:
     """gpt-fast layout at TP=2: column-parallel shards (qkv, gate/up) give their slices of each of q, k, v /
     gate, up; row-parallel shards (o, down) sum to the full output with the full per-channel scales."""
-    bm = _load()
-    cfg = bm.Config(dim=128, heads=4, kv_heads=2, hidden=448, layers=1)
-    model = bm.Decoder(cfg, bm.TP())
+    cfg = dm.Config(dim=128, heads=4, kv_heads=2, hidden=448, layers=1)
+    model = dm.Decoder(cfg, dm.TP())
     torch.manual_seed(0)
     for p in model.parameters():
         p.data.normal_(0.0, p.shape[-1] ** -0.5)
-    bm.QUANTS[quant][0](model)
+    variants.QUANTS[quant][0](model)
     full = model.layers[0]
     shards = []
     for rank in range(2):
         m = copy.deepcopy(model)
-        bm.shard(m, bm.TP(rank, 2))
+        variants.shard(m, dm.TP(rank, 2))
         shards.append(m.layers[0])
         assert (m.layers[0].heads, m.layers[0].kv_heads) == (2, 1)
     hd = cfg.head_dim
@@ -101,29 +94,26 @@ def test_tp_shards_match_the_unsharded_linears(quant: str) -> None:
 
 
 def test_variant_names() -> None:
-    bm = _load()
-    assert bm.parse_variants("woq:qlower")[0] == "bf16"  # the baseline of every ratio is always run
-    assert set(bm.DEFAULT_VARIANTS) <= set(bm.parse_variants("all"))
+    assert variants.parse_variants("woq:qlower")[0] == "bf16"  # the baseline of every ratio is always run
+    assert set(variants.DEFAULT_VARIANTS) <= set(variants.parse_variants("all"))
     with pytest.raises(SystemExit, match="unknown variants"):
-        bm.parse_variants("int4:qlower")
+        variants.parse_variants("int4:qlower")
 
 
 def test_weight_bytes_of_llama3_8b_layers() -> None:
     """The HBM bound's bytes: one Llama-3-8B layer is 436 MB in bf16 (qkv 6144, o 4096, gate/up 28672 rows of
     4096; down 4096 rows of 14336); int8 halves it plus a bf16 scale per row; TP=2 halves the elements."""
-    bm = _load()
     elems = 6144 * 4096 + 4096 * 4096 + 28672 * 4096 + 4096 * 14336
-    assert bm.weight_bytes(bm.FULL, "bf16", 1) == 4 * 2 * elems
-    assert bm.weight_bytes(bm.FULL, "woq", 1) == 4 * (elems + 2 * (6144 + 4096 + 28672 + 4096))
-    assert bm.weight_bytes(bm.FULL, "mxfp4", 1) == 4 * (elems // 2 + elems // 32)
-    assert bm.weight_bytes(bm.FULL, "bf16", 2) == 2 * 2 * elems
+    assert variants.weight_bytes(dm.FULL, "bf16", 1) == 4 * 2 * elems
+    assert variants.weight_bytes(dm.FULL, "woq", 1) == 4 * (elems + 2 * (6144 + 4096 + 28672 + 4096))
+    assert variants.weight_bytes(dm.FULL, "mxfp4", 1) == 4 * (elems // 2 + elems // 32)
+    assert variants.weight_bytes(dm.FULL, "bf16", 2) == 2 * 2 * elems
 
 
 def test_kernel_split_names_matmuls() -> None:
     """`--kernel-split` counts qlower's Triton kernels and cuBLAS's as matmuls (names as the H200 profiler
     gives them), Inductor's fused pointwise / reduction kernels and attention as the rest."""
     pytest.importorskip("triton")
-    bm = _load()
     names = bm.qlower_kernel_names()
     assert {"woq_decode_kernel", "qlinear_mm_kernel", "mx_hfma_gemv_kernel", "mx_bf16_mm_kernel"} <= names
     for name in ("woq_decode_kernel", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", "triton_tem_fused_mm_0"):
@@ -143,10 +133,9 @@ def test_small_run_defaults_measure_every_variant_into_bench_out() -> None:
     """`--small` (automatic on CPU) shortens the run (SMALL_RUN: layers, batches, shapes, budget), never the
     variant list; the files go to ./bench-out like scripts/bench.py's. An explicit flag wins over the
     preset."""
-    bm = _load()
     args = bm.parse_args(["--device", "cpu"])
     assert args.out == "bench-out"
-    assert args.variants == bm.parse_variants("default")
+    assert args.variants == variants.parse_variants("default")
     assert args.cfg.layers == bm.SMALL_RUN["layers"] < bm.FULL_RUN["layers"]
     assert (args.batches, args.shapes, args.budget) == tuple(
         bm.SMALL_RUN[k] for k in ("batches", "shapes", "budget")
@@ -163,17 +152,16 @@ def test_small_run_defaults_measure_every_variant_into_bench_out() -> None:
 
 
 def test_unstable_rows_give_one_warning_line(tmp_path: Path) -> None:
-    bm = _load()
     rows = [
-        bm.Row(v, "decode b1", "static", False, 1, 1, 1, seconds=1e-3, spread=0.03)
+        tables.Row(v, "decode b1", "static", False, 1, 1, 1, seconds=1e-3, spread=0.03)
         for v in ("bf16", "woq:qlower")
     ]
-    assert bm.timing_warning(rows, None) is None
+    assert tables.timing_warning(rows, None) is None
     rows[1].spread = 0.6
-    warning = bm.timing_warning(rows, None)
+    warning = tables.timing_warning(rows, None)
     assert warning is not None and "woq:qlower decode b1 static ±60%" in warning
-    assert "1.00 ms ±60%" in bm.table(rows)
+    assert "1.00 ms ±60%" in tables.table(rows)
     meta = {"device": "cpu", "device_kind": "cpu", "tp": 1, "torch": "x", "date": "d", "cache": 8}
-    meta["config"] = dataclasses.asdict(bm.SMALL)
-    text = bm.write(tmp_path, {**meta, "warning": warning}, rows, with_plot=False)
+    meta["config"] = dataclasses.asdict(dm.SMALL)
+    text = tables.write(tmp_path, {**meta, "warning": warning}, rows, with_plot=False)
     assert text.splitlines()[2] == warning

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,9 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None, reason="torchao is not installed"
 )
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
 
 def _load():
-    sys.path.insert(0, str(SCRIPTS))
-    import bench_train
+    from scripts import bench_train  # after the skip: it needs torchao
 
     return bench_train
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import woq_models
 from expecttest import TestCase
-from fake_gpu_trace import fake_cuda_trace
 
 import qlower
 from qlower.passes.canonicalize import einsum_to_mm, shared_weight_bmm_to_mm
 from qlower.patterns import mx_format as fmt
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
+from tests.forms import woq_int8 as woq_forms
+from tests.helpers.fake_gpu_trace import fake_cuda_trace
 
 BF16 = torch.bfloat16
 N, K = 48, 64
@@ -29,7 +29,7 @@ def _woq_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 W, S = _woq_weights()
-FORMS_WOQ = woq_models.FORMS
+FORMS_WOQ = woq_forms.FORMS
 FORMS = {
     "mk,nk": (lambda x: torch.einsum("mk,nk->mn", x, W.to(BF16)) * S, (6, K)),
     "bsk,nk": (lambda x: torch.einsum("bsk,nk->bsn", x, W.to(BF16)) * S, (2, 3, K)),
@@ -299,17 +299,18 @@ _INDEXING_NEEDS_CUDA_BUILD = pytest.mark.skipif(
     [pytest.param(f, marks=_INDEXING_NEEDS_CUDA_BUILD) if f == "scale_first" else f for f in FORMS_WOQ],
 )
 def test_every_woq_form_at_m1_decomposed_on_a_gpu_is_one_record(form, bias, rank):
-    """The class behind the einsum case: every woq form users write (tests/woq_models.py), over an activation
-    of 2 to 4 dims with one row, as a GPU's decompositions leave it under `coordinate_descent_tuning`
-    (`mm`'s 2-D and `bmm`'s 4-D matvec, or a plain product), is one matvec / mm record after canonicalize, and
-    the canonicalized graph computes exactly what the decomposed one did (run on CPU)."""
+    """The class behind the einsum case: every woq form users write (tests/forms/woq_int8.py), over an
+    activation of 2 to 4 dims with one row, as a GPU's decompositions leave it under
+    `coordinate_descent_tuning` (`mm`'s 2-D and `bmm`'s 4-D matvec, or a plain product), is one matvec / mm
+    record after canonicalize, and the canonicalized graph computes exactly what the decomposed one did (run
+    on CPU)."""
     import copy
 
     from qlower.passes.canonicalize import canonicalize
     from qlower.patterns import woq_int8
 
     dtype = torch.float16
-    mod = woq_models.WoqLinear(K, N, dtype, form=form, bias=bias)
+    mod = woq_forms.WoqLinear(K, N, dtype, form=form, bias=bias)
     params = dict(mod.named_parameters())
 
     def f(x, *tensors):

@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from woq_models import WoqLinear
 
 import qlower
+from tests.forms.woq_int8 import WoqLinear
 
 
 def test_mode_settings_are_merged_and_explicit_keywords_win():
@@ -30,7 +30,7 @@ def test_unknown_mode_is_a_clear_error():
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["woq_int8", "dynamic_int8"])
 def test_reduce_overhead_through_batch_changes(family):
-    from dynamic_int8_forms import IntMMDivide
+    from tests.forms.dynamic_int8 import IntMMDivide
 
     torch._dynamo.reset()
     counters.clear()

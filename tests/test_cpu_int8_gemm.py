@@ -14,13 +14,13 @@ import re
 
 import pytest
 import torch
-from dynamic_int8_forms import IntMMDivide
 from torch._inductor.utils import run_and_get_code
 
 import qlower
 from qlower.lowerings.devices import cpu
 from qlower.lowerings.kernels import custom_ops, native
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
+from tests.forms.dynamic_int8 import IntMMDivide
 
 pytestmark = pytest.mark.skipif(not native.compiler_available(), reason="no C++ compiler to build the kernel")
 

@@ -8,7 +8,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or platform.libc_ver()[1] < "2.33",

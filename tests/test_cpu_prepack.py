@@ -12,13 +12,13 @@ import gc
 
 import pytest
 import torch
-from dynamic_int8_forms import AsymInt32, IntMMDivide, rewrite_and_run
 from torch._inductor.utils import run_and_get_code
 
 import qlower
 from qlower.lowerings.kernels.cpu_prepack import CACHE, PrepackCache
 from qlower.quantize import quantize_per_row_int8
 from qlower.testing import apply_pass, trace_for_inductor
+from tests.forms.dynamic_int8 import AsymInt32, IntMMDivide, rewrite_and_run
 
 FAMILY = ("dynamic_int8",)
 K = N = 2048  # 4 MiB of int8: the smallest weight the cached lowering takes (CPU_CACHED_MIN_WEIGHT)
@@ -294,7 +294,7 @@ def test_switch_off(monkeypatch):
 def test_torchao_model_packs_once_and_matches_float64():
     """A real producer: torchao's Int8DynamicActivationInt8WeightConfig. Its int8 data is a tensor-subclass
     field, flattened into a graph input: the same tensor on every call, so one pack serves them all."""
-    from dynamic_int8_forms import torchao_linear
+    from tests.forms.dynamic_int8 import torchao_linear
 
     model = torchao_linear(K, N, bias=True)
     CACHE.clear()
@@ -323,7 +323,7 @@ class _FusedHalves(torch.nn.Module):
         self.register_buffer("s", torch.rand(2 * N) / 64 + 1e-3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from dynamic_int8_forms import per_token
+        from tests.forms.dynamic_int8 import per_token
 
         xq, sx = per_token(x.reshape(-1, K))
         a = torch._int_mm(xq, self.q[:N].t()) * sx * self.s[:N]

@@ -18,8 +18,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SUBPROCESS_TIMEOUT_S
-from cpu_woq_choice import with_woq_gemm
 from torch import nn
 from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -28,6 +26,8 @@ import qlower
 from qlower.lowerings.aoti import build
 from qlower.lowerings.devices import cpu as cpu_lowerings
 from qlower.lowerings.kernels import custom_ops, native
+from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers.cpu_woq_choice import with_woq_gemm
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DTYPES = (BF16, FP16, FP32)
@@ -510,9 +510,8 @@ def test_package_and_op_run_on_the_cpp_ops_library_without_qlower(package, tmp_p
 def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
     """The row of a woq_int8_gemm choice says which path and ISA tier the kernel takes at that M, as the kernel
     decides it (native.woq_gemm_plan); a symbolic M lists the path at each sample M."""
-    from test_registry import fake_woq_graph
-
     from qlower.testing import apply_pass
+    from tests.test_registry import fake_woq_graph
 
     monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, (cpu_lowerings.cpu_woq_isa(), BF16), (0, None))
     monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT_DEFAULT", 0)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_registry import fake_woq_graph
 
 import qlower
 from qlower.lowerings.devices.cuda import override_cuda_capability
 from qlower.lowerings.kernels.cutlass import build, configs
 from qlower.testing import apply_pass, graph_summary
+from tests.test_registry import fake_woq_graph
 
 BF16 = torch.bfloat16
 LOWERING = "cutlass.woq_int8_w8a16"

@@ -11,15 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_woq_choice import with_woq_gemm, without_woq_gemm
 from torch import nn
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
-from woq_models import assert_close_to_reference
 
 import qlower
 from qlower.lowerings.devices import cpu as cpu_lowerings
 from qlower.patterns import mx_format as fmt
+from tests.forms.woq_int8 import assert_close_to_reference
+from tests.helpers.cpu_woq_choice import with_woq_gemm, without_woq_gemm
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 K, N = 256, 128
@@ -67,7 +67,8 @@ def _x(model: GptFast, m: int, scale: float, seed: int, peak: float = 3e4) -> to
 
 
 # name -> (kernel_preference, PACKED_MAX_M[fp16], SCRATCH_MIN_BYTES, lowering at static M=1 / M>1 / dynamic).
-# qlower.woq_int8_gemm is AUTO's choice only in "woq_gemm"; the others take it out (tests/cpu_woq_choice.py).
+# qlower.woq_int8_gemm is AUTO's choice only in "woq_gemm"; the others take it out
+# (tests/helpers/cpu_woq_choice.py).
 CPU_LOWERINGS = {
     "auto": (qlower.KernelPreference.AUTO, None, None, (PACKED, DEQUANT, BY_M)),
     "woq_gemm": (qlower.KernelPreference.AUTO, None, None, (GEMM, GEMM, GEMM)),

@@ -9,13 +9,13 @@ import copy
 
 import pytest
 import torch
-from dynamic_int8_forms import PT2E, IntMMDivide
 from torch._inductor.utils import run_and_get_code
 
 import qlower
 from qlower.lowerings import register_backend, register_builtin_backends
 from qlower.lowerings.devices.cuda import DYNAMIC_INT8_INT_MM_CUDA
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED
+from tests.forms.dynamic_int8 import PT2E, IntMMDivide
 
 pytestmark = pytest.mark.gpu
 OPTIONS = dict(families=("dynamic_int8",))

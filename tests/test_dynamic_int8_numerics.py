@@ -11,7 +11,14 @@ import re
 
 import pytest
 import torch
-from dynamic_int8_forms import (
+from torch._inductor.utils import run_and_get_code
+from torch.testing import FileCheck
+
+import qlower
+from qlower.lowerings import register_backend, register_builtin_backends
+from qlower.lowerings.devices.cpu import cpu_int8_isa
+from qlower.lowerings.devices.cuda import DYNAMIC_INT8_INT_MM_CUDA
+from tests.forms.dynamic_int8 import (
     PT2E,
     AsymInt32,
     DequantBoth,
@@ -24,13 +31,6 @@ from dynamic_int8_forms import (
     rewrite_and_run,
     torchao_linear,
 )
-from torch._inductor.utils import run_and_get_code
-from torch.testing import FileCheck
-
-import qlower
-from qlower.lowerings import register_backend, register_builtin_backends
-from qlower.lowerings.devices.cpu import cpu_int8_isa
-from qlower.lowerings.devices.cuda import DYNAMIC_INT8_INT_MM_CUDA
 
 FAMILY = ("dynamic_int8",)
 K, N = 96, 48

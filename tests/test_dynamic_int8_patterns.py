@@ -6,7 +6,12 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from dynamic_int8_forms import (
+
+import qlower
+from qlower.lowerings.devices import cpu
+from qlower.patterns import dynamic_int8
+from qlower.testing import apply_pass, graph_summary, trace_for_inductor
+from tests.forms.dynamic_int8 import (
     PT2E,
     AsymInt32,
     DequantBoth,
@@ -20,11 +25,6 @@ from dynamic_int8_forms import (
     retarget,
     torchao_linear,
 )
-
-import qlower
-from qlower.lowerings.devices import cpu
-from qlower.patterns import dynamic_int8
-from qlower.testing import apply_pass, graph_summary, trace_for_inductor
 
 FAMILY = ("dynamic_int8",)
 

@@ -14,13 +14,20 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from dynamic_int8_forms import AsymInt32, FloatCarrier, Int32MM, IntMMDivide, IntMMReciprocal, OutDtypeMM
 from torch import nn
-from woq_models import WoqLinear
 
 from qlower.patterns.unclaimed import quantized_source
 from qlower.patterns.woq_int8 import DYNAMIC_ACTIVATION
 from qlower.testing import apply_pass, graph_summary, joint_tangents, trace_joint_for_inductor
+from tests.forms.dynamic_int8 import (
+    AsymInt32,
+    FloatCarrier,
+    Int32MM,
+    IntMMDivide,
+    IntMMReciprocal,
+    OutDtypeMM,
+)
+from tests.forms.woq_int8 import WoqLinear
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,13 @@ import re
 
 import pytest
 import torch
-from aoti_cuda import needs_cuda_package_load
-from dynamic_int8_forms import IntMMDivide
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
-from woq_models import WoqLinear
 
 import qlower
+from tests.forms.dynamic_int8 import IntMMDivide
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers.aoti_cuda import needs_cuda_package_load
 
 pytestmark = pytest.mark.gpu
 

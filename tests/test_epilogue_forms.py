@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from dynamic_int8_forms import per_token, retarget
 from torch import fx, nn
 
 import qlower
@@ -28,6 +27,7 @@ from qlower.patterns import dynamic_int8
 from qlower.patterns import mx_format as fmt
 from qlower.quantize import quantize_per_row_int8
 from qlower.testing import apply_pass, trace_for_inductor
+from tests.forms.dynamic_int8 import per_token, retarget
 
 B, S, H, D = 2, 3, 4, 16
 N, K = H * D, 64
@@ -119,7 +119,7 @@ class DynamicHeads(_Base):
 
 
 class MXHeads(_Base):
-    """A hand-written MX linear (tests/mx_models.py's spelling): weight-only, or MX activations too."""
+    """A hand-written MX linear (tests/forms/mx.py's spelling): weight-only, or MX activations too."""
 
     def __init__(self, epilogue: str, a_elem: str | None = None) -> None:
         super().__init__(epilogue)
@@ -578,7 +578,7 @@ def test_expanded_factor_compiles(form: str, m: int) -> None:
 @pytest.mark.parametrize("m", [1, 2, 17])
 def test_torchao_cpu_form_compiles(m: int) -> None:
     pytest.importorskip("torchao.quantization")
-    from dynamic_int8_forms import torchao_linear
+    from tests.forms.dynamic_int8 import torchao_linear
 
     model = torchao_linear(K, N, bias=True)
     x = torch.randn(m, K, dtype=torch.bfloat16)
@@ -652,7 +652,7 @@ def test_cuda_expanded_factors(form: str, m: int) -> None:
 def test_cuda_torchao_dynamic_int8(m: int) -> None:
     """torchao's CUDA graph `mul(_int_mm, expand(x_scale [M, 1], [M, N]))`, every M."""
     pytest.importorskip("torchao.quantization")
-    from dynamic_int8_forms import torchao_linear
+    from tests.forms.dynamic_int8 import torchao_linear
 
     model = torchao_linear(512, 256, bias=True).cuda()
     x = torch.randn(m, 512, dtype=torch.bfloat16, device="cuda")
@@ -670,7 +670,7 @@ def test_woq_scale_after_split_view_compiles(k: int, dynamic: bool) -> None:
     """The per-head scale stays after qlower's unscaled dequant + mm: Inductor's own woq rewrite must not then
     match `mm(x, convert(w).t())` through the split view (it did, and its lowering asserted; fuzz seed
     957636635)."""
-    from woq_models import WoqHeads
+    from tests.forms.woq_int8 import WoqHeads
 
     model = WoqHeads(k, 8, 4, torch.bfloat16, spelling="reshape")
     x = torch.randn(100, k, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(k))

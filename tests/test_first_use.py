@@ -18,15 +18,15 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SUBPROCESS_TIMEOUT_S
 from torch import fx, nn
-from woq_models import WoqLinear
 
 import qlower
 from qlower import demo
 from qlower.__main__ import main as cli_main
 from qlower.lowerings.preference import TORCHAO_EQUIVALENTS, parse_preference
 from qlower.passes.report import REASON_WIDTH, Decision, Report, module_of, short_reason
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 F32 = torch.float32
 KP = qlower.KernelPreference

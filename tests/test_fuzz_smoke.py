@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SUBPROCESS_TIMEOUT_S
+from scripts.fuzz import classes as fc
+from scripts.fuzz.case import FAMILIES as FUZZ_FAMILIES
+from scripts.fuzz.draw import make_case
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fuzz_compile.py"
+FUZZ = [sys.executable, "-m", "scripts.fuzz_compile"]  # run with cwd=ROOT
 OK = {"pass", "left_alone", "declined", "misrecognized", "imprecise", "upstream"}  # `silent` is a failure
 
 
@@ -26,9 +29,9 @@ SMOKE_SEED, SMOKE_CASES = "2123", "3"
 
 
 def test_fuzz_runs_and_records_every_case(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--cases", SMOKE_CASES, "--seed", SMOKE_SEED,
+    cmd = [*FUZZ, "--device", "cpu", "--cases", SMOKE_CASES, "--seed", SMOKE_SEED,
            "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((tmp_path / "fuzz_cpu.json").read_text())
     cases = record["cases"]
@@ -95,12 +98,9 @@ PICKS = {
 
 
 def _pick_seeds() -> dict[str, int]:
-    sys.path.insert(0, str(SCRIPT.parent))
-    import fuzz_compile as fz
-
     picks: dict[str, int] = {}
     for seed in range(1, 200_000):
-        case = fz.make_case(seed, "cpu", fz.FAMILIES, VARIANTS)
+        case = make_case(seed, "cpu", FUZZ_FAMILIES, VARIANTS)
         for name, pred in PICKS.items():
             if name not in picks and pred(case, case.extra):
                 picks[name] = seed
@@ -111,9 +111,9 @@ def _pick_seeds() -> dict[str, int]:
 
 def test_fuzz_variants_one_case_per_defect_class(tmp_path: Path) -> None:
     picks = _pick_seeds()
-    cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--only", *map(str, picks.values()),
+    cmd = [*FUZZ, "--device", "cpu", "--only", *map(str, picks.values()),
            "--variant", *VARIANTS, "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     cases = {c["seed"]: c for c in json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]}
     assert set(cases) == set(picks.values())
@@ -130,7 +130,8 @@ def test_fuzz_variants_one_case_per_defect_class(tmp_path: Path) -> None:
     assert mx_training["outcome"] == "pass" and len(mx_training["decisions"]) == 3, mx_training["report"]
     checked = {m["what"] for m in mx_training["metrics"]}  # `weight` or `0.weight`: its builder's name
     assert {"out", "grad x"} <= checked and any(w.endswith("weight") for w in checked), checked
-    for name in PICKS:  # the classes' expected rows are checked by the script (fuzz_classes.check_rows)
+    # the classes' expected rows are checked by the script (check_rows of scripts/fuzz/classes.py)
+    for name in PICKS:
         if name.startswith(("family_order, dynamic_int8 off", "near_mx", "stacked_experts")):
             assert cases[picks[name]]["outcome"] == "left_alone", cases[picks[name]]
 
@@ -141,20 +142,17 @@ STOCK_MISCOMPILE_SEED = 1454501074
 
 
 def test_two_models_leaves_stock_miscompiles_to_stock(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-P", str(SCRIPT), "--device", "cpu", "--only", str(STOCK_MISCOMPILE_SEED),
+    cmd = [*FUZZ, "--device", "cpu", "--only", str(STOCK_MISCOMPILE_SEED),
            "--budget-s", str(SUBPROCESS_TIMEOUT_S), "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     (case,) = json.loads((tmp_path / "fuzz_cpu.json").read_text())["cases"]
     assert case["extra"]["variant"] == "two_models" and case["form"] == "partial_block", case["extra"]
     assert proc.returncode == 0 and case["outcome"] == "pass", proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def _mx_training_case(device: str):
-    sys.path.insert(0, str(SCRIPT.parent))
-    import fuzz_compile as fz
-
     for seed in range(1, 5000):
-        case = fz.make_case(seed, device, fz.FAMILIES, ("mx_training",))
+        case = make_case(seed, device, FUZZ_FAMILIES, ("mx_training",))
         if case.extra.get("variant") == "mx_training" and case.preference == "AUTO":
             return case
     raise AssertionError("no AUTO mx_training case drawn")
@@ -163,8 +161,6 @@ def _mx_training_case(device: str):
 def test_mx_training_rows_left_to_stock_only_on_cuda_auto() -> None:
     """The mx_training class accepts a row left alone with the training-compile reason on CUDA under AUTO
     (devices/cuda.py `_prefer_mx_emulated`) and nowhere else; a row left alone for another reason fails."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    import fuzz_classes as fc
 
     def rows(case, reason: str | None) -> list[dict]:
         t = case.m * (case.batch or 1)

@@ -8,7 +8,8 @@ import copy
 
 import pytest
 import torch
-from hf_models import (
+
+from tests.forms.hf import (
     ARCHS,
     assert_every_linear_lowered,
     assert_no_further_from_float,

@@ -11,9 +11,9 @@ import copy
 
 import pytest
 import torch
-from hf_models import tiny_decoder
 
 import qlower
+from tests.forms.hf import tiny_decoder
 
 transformers = pytest.importorskip("transformers")
 

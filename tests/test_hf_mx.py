@@ -9,7 +9,8 @@ import copy
 
 import pytest
 import torch
-from hf_models import (
+
+from tests.forms.hf import (
     assert_every_linear_lowered,
     assert_no_further_from_float,
     compile_and_compare,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import ARCHS, tiny_decoder
 
 import qlower
+from tests.forms.hf import ARCHS, tiny_decoder
 
 transformers = pytest.importorskip("transformers")
 torchao_quant = pytest.importorskip("torchao.quantization")

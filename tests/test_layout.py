@@ -13,7 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
@@ -45,8 +46,8 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, top_level_only: bool) -> set[str]:
-    """qlower modules `path` imports (`from a.b import c` counts a.b and a.b.c)."""
+def _imports(path: Path, top_level_only: bool, top: str = "qlower") -> set[str]:
+    """Modules of package `top` that `path` imports (`from a.b import c` counts a.b and a.b.c)."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))  # lazy imports count for layering
     found = set()
@@ -56,7 +57,7 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in found if m == "qlower" or m.startswith("qlower.")}
+    return {m for m in found if m == top or m.startswith(top + ".")}
 
 
 def test_patterns_import_nothing_of_qlower_outside_patterns():
@@ -254,10 +255,9 @@ def test_kernels_import_no_emit_and_no_devices():
     assert not {k: v for k, v in crossing.items() if v}
 
 
-def test_no_import_cycles():
-    """Lazy (function-level) imports count: a cycle through one is still two modules that need each other."""
-    mods = _modules()
-    graph = {n: {m for m in _imports(p, False) if m in mods and m != n} for n, p in mods.items()}
+def _cycles(mods: dict[str, Path], top: str) -> list[list[str]]:
+    """Import cycles among `mods` (modules of package `top`), lazy (function-level) imports included."""
+    graph = {n: {m for m in _imports(p, False, top) if m in mods and m != n} for n, p in mods.items()}
     # a package's own __init__ importing its submodules is not a cycle through them
     for n in graph:
         graph[n] = {m for m in graph[n] if not n.startswith(m + ".")}
@@ -276,10 +276,92 @@ def test_no_import_cycles():
     for n in sorted(graph):
         if n not in state:
             visit(n, [n])
+    return cycles
+
+
+def test_no_import_cycles():
+    """Lazy (function-level) imports count: a cycle through one is still two modules that need each other."""
+    cycles = _cycles(_modules(), "qlower")
     assert not cycles, cycles
 
 
+# ------------------------------------------------------------------------- scripts/ and tests/
+SCRIPTS = ROOT / "scripts"
 KERNELS = "qlower.lowerings.kernels"  # what the tuners and kernel benchmarks launch directly
+MAX_SCRIPT_LINES = 800
+# import-path edits and modules loaded from a file path: scripts/ and tests/ are packages of the repository
+# root (pytest: pyproject.toml's `pythonpath`; scripts: `python -m scripts.<name>`), imported by their names
+PATH_HACK = re.compile(
+    r"sys\.path\.(insert|append|extend|remove)\(|sys\.path\s*(\[.*\]\s*)?(=|\+=)[^=]|site\.addsitedir"
+    r"|spec_from_file_location|SourceFileLoader|machinery\.\w+Loader|run_path\(|load_source\("
+)
+ENTRY_PRELUDE = 'if __name__ == "__main__" and not __package__:'
+
+
+def _script_modules() -> dict[str, Path]:
+    out = {}
+    for path in SCRIPTS.rglob("*.py"):
+        parts = ["scripts", *path.relative_to(SCRIPTS).with_suffix("").parts]
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def test_scripts_and_tests_load_no_module_by_path():
+    """No import-path edits and no module loaded from a file path anywhere in scripts/ or tests/ (the
+    subprocess scripts tests write included): everything imports by its package name from the repository
+    root."""
+    found = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for folder in (SCRIPTS, ROOT / "tests")
+        for path in sorted(folder.rglob("*.py"))
+        if path != Path(__file__).resolve()  # this file: the pattern itself
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if PATH_HACK.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_no_import_cycles_among_scripts():
+    """scripts/ modules import each other without a cycle (lazy and TYPE_CHECKING imports count), and take
+    from tests/ its model forms alone (`tests.forms`), never a test module or a test helper."""
+    mods = _script_modules()
+    cycles = _cycles(mods, "scripts")
+    assert not cycles, cycles
+    from_tests = {
+        name: sorted(
+            m for m in _imports(p, False, "tests") if m != "tests.forms" and not m.startswith("tests.forms.")
+        )
+        for name, p in mods.items()
+    }
+    assert not {k: v for k, v in from_tests.items() if v}
+
+
+def test_no_script_file_over_the_line_limit():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in SCRIPTS.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_SCRIPT_LINES
+    }
+    assert not long, f"over {MAX_SCRIPT_LINES} lines: {long}"
+
+
+def test_entry_points_run_as_modules_and_as_files():
+    """The top-level modules of scripts/ are its entry points (library code lives in its sub-packages): each
+    runs as `python -m scripts.<name>`, and run as a file (`python scripts/<name>.py`: scripts/ alone on the
+    import path) it first runs itself again that way, before it imports anything of scripts/ or tests/."""
+    bad = []
+    for path in sorted(SCRIPTS.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        text = path.read_text()
+        at = text.find(ENTRY_PRELUDE)
+        again = f'[sys.executable, "-m", "scripts.{path.stem}", *sys.argv[1:]]'
+        first_local = re.search(r"^(from|import) (scripts|tests)\b", text, re.M)
+        if at < 0 or again not in text[at : at + 400] or (first_local and first_local.start() < at):
+            bad.append(path.name)
+        elif 'if __name__ == "__main__":' not in text[at + len(ENTRY_PRELUDE) :]:
+            bad.append(f"{path.name}: no main")
+    assert not bad, bad
 
 
 def test_scripts_take_the_public_api_and_the_kernels():
@@ -289,7 +371,7 @@ def test_scripts_take_the_public_api_and_the_kernels():
     mods = _modules()
     public = {n for n, p in mods.items() if p.parent == ROOT / "qlower"} | {"qlower"}
     bad = {}
-    for path in (ROOT / "scripts").glob("*.py"):
+    for path in SCRIPTS.rglob("*.py"):
         inner = sorted(
             m
             for m in _imports(path, False)
@@ -298,7 +380,7 @@ def test_scripts_take_the_public_api_and_the_kernels():
             and not (m == KERNELS or m.startswith(KERNELS + "."))
         )
         if inner:
-            bad[path.name] = inner
+            bad[str(path.relative_to(SCRIPTS))] = inner
     assert not bad
 
 

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import mx_models as mm
 import pytest
 import torch
 
 import qlower
 from qlower.patterns import mx_format as fmt
+from tests.forms import mx as mm
 
 N, K = 48, 64
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mx_models import MXLinear
 
 import qlower
 from qlower.patterns import mx_format as fmt
+from tests.forms.mx import MXLinear
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

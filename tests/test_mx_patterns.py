@@ -8,7 +8,6 @@ RCEIL scales (swizzled weight scales, in-graph activation quantization).
 
 from __future__ import annotations
 
-import mx_models as mm
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +18,7 @@ from qlower.patterns import mx, mx_verify
 from qlower.patterns.mx_format import E2M1_VALUES
 from qlower.patterns.record import Rejection
 from qlower.testing import apply_pass, graph_summary
+from tests.forms import mx as mm
 
 N, K = 48, 64
 
@@ -219,7 +219,7 @@ def test_decode_matvec_decomposition_is_recognized(name):
     """On GPUs with coordinate_descent_tuning on (torchao's quantize_ sets it process-wide) Inductor
     decomposes an M == 1 mm into (x[:, :, None] * w[None]).sum(1) before qlower's pass: still one MX record,
     and the rewritten graph computes the same numbers as the traced one."""
-    from fake_gpu_trace import fake_cuda_trace
+    from tests.helpers.fake_gpu_trace import fake_cuda_trace
 
     fn = mm.hand_written_forms(N, K)[name]
     x, q, e = mm.form_inputs(name, N, K, m=1)

@@ -11,7 +11,6 @@ a float64 reference; the `gpu` tests check CUDA picks the emulation where its ke
 
 from __future__ import annotations
 
-import mx_models as mm
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +19,7 @@ import qlower
 from qlower.patterns import mx
 from qlower.patterns import mx_format as fmt
 from qlower.patterns.record import Rejection
+from tests.forms import mx as mm
 
 N, K = 48, 64
 

@@ -8,7 +8,6 @@ lowered, that backward reads qlower's exact decode, not the graph's spelling (`r
 
 from __future__ import annotations
 
-import mx_models as mm
 import pytest
 import torch
 
@@ -19,6 +18,7 @@ from qlower.lowerings.emit.mx_readers import legalize_e8m0
 from qlower.patterns import mx_format as mx_fmt
 from qlower.patterns.graph_utils import tensor_val
 from qlower.testing import trace_for_inductor
+from tests.forms import mx as mm
 
 
 @pytest.fixture(autouse=True)
@@ -276,7 +276,7 @@ def test_dim1_cast_is_decoded_in_its_source_order(dims):
 
 # ------------------------------------------------ the backward through a lowered decode (`redecode_readers`)
 def _partial_block_fn(elem: str, n: int, k: int):
-    """mx_models.MXPartialBlock as f(x, q, e): K % 32 != 0, spelled `repeat_interleave(32)[:, :K]`."""
+    """MXPartialBlock (tests/forms/mx.py) as f(x, q, e): K % 32 != 0, as `repeat_interleave(32)[:, :K]`."""
     model = mm.MXPartialBlock(elem, n, k)
 
     def f(x: torch.Tensor, q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 pytest.importorskip("triton")
 

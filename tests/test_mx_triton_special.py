@@ -20,10 +20,10 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SUBPROCESS_TIMEOUT_S
 
 import qlower
 from qlower.patterns import mx_format as fmt
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 pytest.importorskip("triton")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SUBPROCESS_TIMEOUT_S
 
 import qlower
 from qlower.lowerings.aoti import build
 from qlower.lowerings.kernels import cpp_build, native
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(not native.compiler_available(), reason="needs a C++ compiler")
 

@@ -11,12 +11,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import SUBPROCESS_TIMEOUT_S
-
 import qlower
 import qlower.lowerings
 import qlower.passes
 import qlower.patterns
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_WORDS = re.compile(

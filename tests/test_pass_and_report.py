@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import torch
-from conftest import SUBPROCESS_TIMEOUT_S
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
-from woq_models import WoqLinear
 
 import qlower
 from qlower.testing import apply_pass, trace_for_inductor
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
 BF16 = torch.bfloat16
 
@@ -115,7 +115,7 @@ def test_decisions_logged_at_info(caplog):
 
 def test_qlower_log_env_prints_decisions():
     code = (
-        "import torch, qlower; from qlower.testing import *; import woq_models as wm;"
+        "import torch, qlower; from qlower.testing import *; from tests.forms import woq_int8 as wm;"
         "apply_pass(trace_for_inductor(wm.WoqLinear(64, 32, torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16)))"
     )
     env = {**os.environ, "QLOWER_LOG": "1"}
@@ -124,7 +124,7 @@ def test_qlower_log_env_prints_decisions():
         env=env,
         capture_output=True,
         text=True,
-        cwd=os.path.dirname(__file__),
+        cwd=ROOT,
         timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

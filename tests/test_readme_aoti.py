@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import SUBPROCESS_TIMEOUT_S
 from torch._inductor.decomposition import select_decomp_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -16,6 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import qlower
 from qlower.lowerings import registry
 from qlower.testing import apply_pass, graph_summary
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
 BF16 = torch.bfloat16
 
@@ -88,7 +87,7 @@ def test_unregistered_device_left_alone_under_auto_and_error_when_explicit():
 
 ONBOARDING_SCRIPT = """
 import types, torch, qlower
-from test_registry import fake_woq_graph
+from tests.test_registry import fake_woq_graph
 from qlower.testing import apply_pass
 
 # A PrivateUse1 device qlower does not ship, with the tiny device module fake tensors need.
@@ -138,7 +137,7 @@ def test_out_of_tree_backend_onboards_with_one_call():
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
-        cwd=os.path.dirname(os.path.abspath(__file__)),
+        cwd=ROOT,
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 

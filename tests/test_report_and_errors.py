@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dynamic_int8_forms import IntMMDivide
-from test_registry import fake_woq_graph
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
-from woq_models import WoqLinear
 
 import qlower
 from qlower.lowerings import registry
 from qlower.testing import apply_pass
+from tests.forms.dynamic_int8 import IntMMDivide
+from tests.forms.woq_int8 import WoqLinear
+from tests.test_registry import fake_woq_graph
 
 F32 = torch.float32
 

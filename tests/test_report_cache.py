@@ -15,13 +15,13 @@ import sys
 import textwrap
 
 import torch
-from conftest import SUBPROCESS_TIMEOUT_S
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
-from woq_models import WoqLinear
 
 import qlower
 from qlower.passes.report import SERVED_FROM_CACHE
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
 BF16 = torch.bfloat16
 # What each preference lowers a bf16 woq-int8 linear to on a CPU (AUTO: any of the CPU's woq lowerings).
@@ -80,8 +80,7 @@ def test_stock_compiles_beside_qlower_ones_open_no_report():
 _FRESH_PROCESS = """
 import os, sys, torch
 import qlower
-sys.path.insert(0, {tests!r})
-from woq_models import WoqLinear
+from tests.forms.woq_int8 import WoqLinear
 from torch._dynamo.utils import counters
 
 torch.manual_seed(0)
@@ -113,10 +112,11 @@ def test_mega_cache_in_a_fresh_process_reports_a_served_compile(tmp_path):
     assert artifacts is not None
     (tmp_path / "cache.bin").write_bytes(artifacts[0])
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor_cache")}
-    script = textwrap.dedent(_FRESH_PROCESS).format(tests=os.path.dirname(__file__))
+    script = textwrap.dedent(_FRESH_PROCESS)
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "cache.bin")],
         env=env,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,

@@ -12,9 +12,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -22,8 +19,6 @@ import qlower
 from qlower.passes.report import NO_COMPILE_YET, SERVED_FROM_CACHE, Report
 from qlower.patterns import mx_format as fmt
 from qlower.testing import apply_pass, trace_for_inductor
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 BF16 = torch.bfloat16
 E, N, K, M = 4, 48, 64, 8
@@ -125,7 +120,7 @@ def test_e4m3_scale_bytes_are_blamed_on_the_scales(elem):
 
 # ------------------------------------------------------------------------------ why / passed over
 def test_lowered_row_has_its_own_why_and_the_passed_over_list_on_demand():
-    from woq_models import WoqLinear
+    from tests.forms.woq_int8 import WoqLinear
 
     model = WoqLinear(64, 48, BF16)
     x = torch.randn(128, 64, dtype=BF16)
@@ -169,7 +164,7 @@ def test_absorbed_residual_is_named_residual(bias):
 
 # ------------------------------------------------------------------------------ ranges and empty reports
 def test_exported_dim_prints_the_users_range(tmp_path):
-    from woq_models import WoqLinear
+    from tests.forms.woq_int8 import WoqLinear
 
     model = WoqLinear(64, 48, BF16)
     ep = torch.export.export(
@@ -189,7 +184,7 @@ def test_exported_dim_prints_the_users_range(tmp_path):
 
 
 def test_compiled_symbolic_batch_prints_from_two():
-    from woq_models import WoqLinear
+    from tests.forms.woq_int8 import WoqLinear
 
     model = WoqLinear(64, 48, BF16)
     x = torch.randn(8, 64, dtype=BF16)

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SUBPROCESS_TIMEOUT_S
-from woq_models import assert_close_to_reference
 
 from qlower import testing
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import woq_int8
 from qlower.patterns.record import QuantLinear, ScaleCast, ScaleSite
+from tests.forms.woq_int8 import assert_close_to_reference
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HAS_TRITON = importlib.util.find_spec("triton") is not None

@@ -1,7 +1,7 @@
 """Tensor parallel at TP=2 on CPU (two processes, gloo): qlower lowers every local-shard linear of a Llama-style
 block, and the sharded output equals the unsharded quantized block computed in float64.
 
-Both flows of tests/tp_models.py: gpt-fast's `tp.py` (hand-written woq-int8, dynamic-int8 and MX weight-only
+Both flows of tests/forms/tp.py: gpt-fast's `tp.py` (hand-written woq-int8, dynamic-int8 and MX weight-only
 shards, `_functional_collectives.all_reduce`) and torchtitan's (`parallelize_module`, then torchao
 `quantize_`). The FFN's shards (N or K = 344; MX 352) are multiples of none of the kernels' tiles. One spawn
 runs every case on both ranks (the two ranks' start-up and Inductor's first compile are most of the time);
@@ -19,8 +19,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import tp_models as tpm
-from conftest import SUBPROCESS_TIMEOUT_S
+
+from tests.forms import tp as tpm
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -43,7 +44,8 @@ if HAS_TORCHAO:
     # the int_mm_rule case registers its rule for the rest of the process: it runs after the case without
     CASES += [f"dtensor:{c}" for c in (*DTENSOR_BROKEN, *DTENSOR)]
 
-# Frobenius norm of the error over that of the block's two branches (tp_models.rel_err). Quantized activations
+# Frobenius norm of the error over that of the block's two branches (rel_err of tests/forms/tp.py). Quantized
+# activations
 # move the bf16 bound: bf16 rounding carries an activation across a rounding boundary of its code often enough
 # that the unsharded block in eager is itself ~2e-2 (dynamic int8: test_reference_is_the_unsharded_block) and
 # ~5e-2 (torchao's e4m3 MX activations) from its float64 reference. fp32 dynamic int8: one code flipped that way

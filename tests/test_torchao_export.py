@@ -128,7 +128,7 @@ def test_torchao_woq_int8_export_dims_lowered():
 def test_torchao_mx_export_dims_lowered():
     """torchao's MXFP8 (EMULATED kernel preference: what exports on a CPU) under a Dim batch."""
     pytest.importorskip("torchao.prototype.mx_formats")
-    from mx_models import torchao_mx_model
+    from tests.forms.mx import torchao_mx_model
 
     model = torchao_mx_model("e4m3", bias=True, mode="RCEIL", k=64, n=48)
     gm = aoti_graph(model, torch.randn(8, 64, dtype=torch.bfloat16), {0: Dim("batch", min=1, max=4096)})

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from woq_models import assert_close_to_reference
 
 import qlower
+from tests.forms.woq_int8 import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 ao = pytest.importorskip("torchao.quantization")

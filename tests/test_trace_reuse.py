@@ -9,16 +9,16 @@ import functools
 import importlib.util
 from collections.abc import Callable
 
-import dynamic_int8_forms as dyn
-import mx_models
 import pytest
 import torch
 from torch import nn
-from woq_models import WoqLinear
 
 from qlower import testing
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
+from tests.forms import dynamic_int8 as dyn
+from tests.forms import mx as mx_forms
+from tests.forms.woq_int8 import WoqLinear
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
@@ -32,7 +32,7 @@ def _dyn(k: int, n: int, seed: int) -> nn.Module:
 
 
 def _mx(k: int, n: int, seed: int) -> nn.Module:
-    return mx_models.MXLinear(None, "e2m1", n, k, seed=seed)
+    return mx_forms.MXLinear(None, "e2m1", n, k, seed=seed)
 
 
 def _emitter(family: str) -> Callable:

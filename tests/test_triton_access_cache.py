@@ -10,10 +10,10 @@ import sympy
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from woq_models import WoqLinear
 
 from qlower import testing
 from qlower.patterns import FAMILIES
+from tests.forms.woq_int8 import WoqLinear
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 

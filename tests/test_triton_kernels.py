@@ -19,9 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from aoti_cuda import needs_cuda_package_load
-from conftest import SUBPROCESS_TIMEOUT_S
-from woq_models import WoqLinear
 
 import qlower
 from qlower import testing
@@ -30,6 +27,9 @@ from qlower.lowerings.kernels.triton import configs
 from qlower.lowerings.kernels.triton.configs import decode_dot, mm
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers.aoti_cuda import needs_cuda_package_load
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

@@ -9,13 +9,13 @@ import textwrap
 
 import pytest
 import torch
-from conftest import SUBPROCESS_TIMEOUT_S
-from cpu_woq_choice import without_woq_gemm
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
-from woq_models import WoqLinear, assert_close_to_reference
 
 import qlower
+from tests.forms.woq_int8 import WoqLinear, assert_close_to_reference
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
+from tests.helpers.cpu_woq_choice import without_woq_gemm
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -190,7 +190,7 @@ def test_bf16_odd_k_never_crashes_or_miscomputes():
     script = textwrap.dedent(
         """
         import torch, qlower
-        from woq_models import WoqLinear, assert_close_to_reference
+        from tests.forms.woq_int8 import WoqLinear, assert_close_to_reference
         for k in (7, 24, 33):
             model = WoqLinear(k, 40, torch.bfloat16, bias=True)
             x = torch.randn(2, 3, k, dtype=torch.bfloat16)
@@ -216,7 +216,7 @@ def test_bf16_odd_k_never_crashes_or_miscomputes():
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
-        cwd=os.path.dirname(__file__),
+        cwd=ROOT,
         env=env,
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

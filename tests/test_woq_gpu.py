@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
-from woq_models import WoqLinear, assert_close_to_reference
 
 import qlower
+from tests.forms.woq_int8 import WoqLinear, assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 

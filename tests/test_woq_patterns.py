@@ -6,15 +6,15 @@ import expecttest
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_woq_choice import without_woq_gemm
-from fake_gpu_trace import fake_cuda_trace
-from woq_models import WoqLinear
 
 import qlower
 from qlower.patterns import woq_int8
 from qlower.patterns.graph_utils import tensor_val
 from qlower.patterns.record import QuantLinear
 from qlower.testing import apply_pass, graph_summary, trace_for_inductor
+from tests.forms.woq_int8 import WoqLinear
+from tests.helpers.cpu_woq_choice import without_woq_gemm
+from tests.helpers.fake_gpu_trace import fake_cuda_trace
 
 BF16 = torch.bfloat16
 

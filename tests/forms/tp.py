@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from conftest import SUBPROCESS_TIMEOUT_S
-from dynamic_int8_forms import per_token
 from torch import nn
 
 from qlower.patterns import mx_format as fmt
 from qlower.quantize import quantize_per_row_int8
+from tests.forms.dynamic_int8 import per_token
+from tests.helpers import SUBPROCESS_TIMEOUT_S
 
 WORLD = 2
 DIM, HEADS = 256, 4
@@ -124,7 +124,7 @@ class WoqInt8(nn.Module):
 
 
 class DynInt8(nn.Module):
-    """tests/dynamic_int8_forms.py's IntMMDivide: per-token symmetric int8 activations, `torch._int_mm`, the
+    """tests/forms/dynamic_int8.py's IntMMDivide: per-token symmetric int8 activations, `torch._int_mm`, the
     rescale in fp32. w int8 [N, K], scales fp32 [N]."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
@@ -140,7 +140,7 @@ class DynInt8(nn.Module):
 
 class MXWeightOnly(nn.Module):
     """Weight-only MX: elements (fp8, or e2m1 packed two per byte) and uint8 e8m0 codes per 32 along K,
-    dequantized by hand (`mx_format.dequantize`, as tests/mx_models.py's MXLinear), then F.linear."""
+    dequantized by hand (`mx_format.dequantize`, as tests/forms/mx.py's MXLinear), then F.linear."""
 
     def __init__(self, q: torch.Tensor, e: torch.Tensor, elem: str) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ from torch import nn
 from torch._higher_order_ops.out_dtype import out_dtype
 
 from qlower.quantize import quantize_per_row_int8
+from tests.forms.woq_int8 import split_heads
 
 aten = torch.ops.aten
 
@@ -209,8 +210,6 @@ def retarget(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
 
 # ------------------------------------------------------------------------------------------ fuzz variants
 # Forms scripts/fuzz_compile.py's variants draw (view_epilogue, expanded_scale).
-
-from woq_models import split_heads  # noqa: E402  (tests/ is on sys.path for pytest and the fuzz)
 
 
 class RescaleAfterView(Form):

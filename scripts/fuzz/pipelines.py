@@ -2,7 +2,7 @@
 process. Each runs a drawn case's model (every family, form, dtype, shape) through its own flow instead of one
 `torch.compile`, and checks what qlower's report says of each compile beside the numbers.
 
-Why a module of its own: scripts/fuzz_compile.py checks one compile's numbers and rows; the defects these find
+Why a module of its own: the fuzz's run.py checks one compile's numbers and rows; the defects these find
 lie between compiles (a report showing another compile's rows, a package that needs what its process lacks,
 options of one compile leaking into another), so each class brings its own sequence of compiles.
 
@@ -18,11 +18,11 @@ options of one compile leaking into another), so each class brings its own seque
 - `aoti_package`: `torch.export` (a `Dim` batch for a dynamic case, else static), AOTInductor with qlower's
   options, then the package run in fresh processes three ways (qlower blocked, `import qlower` alone,
   `qlower.load_ops()`), each against eager (tests/test_aoti_portable.py). On the H200 image a CUDA package
-  loads only with the system libstdc++ preloaded (tests/aoti_cuda.py): run the CUDA fuzz under that
+  loads only with the system libstdc++ preloaded (tests/helpers/aoti_cuda.py): run the CUDA fuzz under that
   `LD_PRELOAD`, which the fresh processes inherit.
 
-fuzz_compile.py hands a case here from its `_execute` (`execute`); a broken invariant is a `problems` entry,
-which fuzz_compile.py counts as a failure.
+run.py hands a case here from its `_execute`; a broken invariant is a `problems` entry, which run.py counts
+as a failure.
 """
 
 from __future__ import annotations
@@ -37,16 +37,14 @@ import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 
 import qlower
-
-if TYPE_CHECKING:
-    from fuzz_compile import Case
+from scripts.fuzz.case import Case
 
 VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "cache_switch": (("woq_int8", "dynamic_int8", "mx"), 6),
@@ -63,8 +61,9 @@ PACKAGE_TIMEOUT_S = 3600  # a hang guard, never a speed limit
 
 
 def _package_load_env(device: str) -> dict[str, str]:
-    """LD_PRELOAD of the system libstdc++ for a CUDA package's fresh process, as tests/aoti_cuda.py documents:
-    on the torch 2.11 H200 image any CUDA package (qlower's or not) segfaults in its std::regex otherwise."""
+    """LD_PRELOAD of the system libstdc++ for a CUDA package's fresh process, as tests/helpers/aoti_cuda.py
+    documents: on the torch 2.11 H200 image any CUDA package (qlower's or not) segfaults in its std::regex
+    otherwise."""
     if device != "cuda" or "libstdc++" in os.environ.get("LD_PRELOAD", ""):
         return {}
     try:
@@ -81,7 +80,7 @@ SHARE = 0.1  # of the cases drawn without a variant filter
 def pick(seed: int, variants: tuple[str, ...] | None, one_compile: dict[str, tuple[Any, int]]) -> str | None:
     """This case's flow, or None for one compile as usual: drawn from `seed` on a stream of its own, so adding
     these classes changed no other seed's case. With a `--variant` filter, those of its entries that are
-    flows here, in proportion to the filter's other entries (`one_compile`: fuzz_compile.VARIANTS)."""
+    flows here, in proportion to the filter's other entries (`one_compile`: draw.VARIANTS)."""
     rng = random.Random(seed * 0x9E3779B1 % (1 << 61))
     if variants is None:
         return (

@@ -1,10 +1,10 @@
 """The defect classes of issue 31 as fuzz variants: their draws, models and report-row checks.
 
-Why a module of its own: scripts/fuzz_compile.py holds the axes every case shares (shape, dtype, preference,
-dynamic M) and the outcome logic; these four classes each bring their own model and their own expectation of
-qlower's report, which is the point of them (a row per quantized linear, with the right family, lowered or
-left alone, and the reason). fuzz_compile.py draws the case, then hands it here for the class's choices
-(`DRAWS`), its model (`build`) and the rows it must report (`check_rows`); numbers go through its `check`.
+Why a module of its own: draw.py and run.py hold the axes every case shares (shape, dtype, preference, dynamic
+M) and the outcome logic; these classes each bring their own model and their own expectation of qlower's
+report, which is the point of them (a row per quantized linear, with the right family, lowered or left alone,
+and the reason). draw.py draws the case, then hands it here for the class's choices (`DRAWS`),
+its model (`build`) and the rows it must report (`check_rows`); numbers go through check.py's `check`.
 
 - `mx_training`: torchao's MX training recipes (`MXFP8Linear` with `KernelPreference.EMULATED`, or
   `quantize_` with `MXFP8TrainingOpConfig.from_recipe(MXFP8_EMULATED_RCEIL)`), forward + backward: three MX
@@ -41,25 +41,23 @@ from __future__ import annotations
 import importlib.util
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import dynamic_int8_forms  # tests/: on the path fuzz_compile.py sets up
-import mx_models  # tests/mx_models.py, on the path fuzz_compile.py sets up
 import torch
 import torch.nn.functional as F
-import woq_models
 from torch import nn
 
 import qlower
+from qlower.quantize import mx_format as fmt
+from scripts.fuzz.case import Case
+from tests.forms import dynamic_int8 as dyn_forms
+from tests.forms import mx as mx_forms
+from tests.forms import woq_int8 as woq_forms
 
-fmt = mx_models.fmt  # the MX format helpers, through the tests' models (scripts use qlower's public API only)
 # The reason woq_int8 gives a dynamic-int8 linear it leaves to dynamic_int8 (qlower/patterns/woq_int8.py).
 DYNAMIC_ACTIVATION_WORDS = ("activation is a dequantized int8 tensor", "dynamic_int8")
 
-if TYPE_CHECKING:
-    from fuzz_compile import Case
-
-# name -> (the families it applies to, its weight when drawn at random), merged into fuzz_compile.VARIANTS
+# name -> (the families it applies to, its weight when drawn at random), merged into draw.VARIANTS
 VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "mx_training": (("mx",), 6),
     "family_order": (("dynamic_int8",), 10),
@@ -69,7 +67,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "mx_decode_training": (("mx",), 8),
     "producer_ops": (("woq_int8", "dynamic_int8", "mx"), 8),
 }
-# forward + backward through fuzz_compile's `_train_call`
+# forward + backward through steps.train_call
 TRAINING = ("mx_training", "lora_training", "mx_decode_training")
 # drawn only when `--variant` names them: added to the random draw, a class would change the variant of
 # seeds drawn before it (the seeds an issue cites)
@@ -111,7 +109,8 @@ STACKED: dict[str, str] = {
 }
 EXPERTS = (1, 2, 4, 8)
 
-# lora_training: the frozen bases (tests/woq_models.py FORMS, tests/dynamic_int8_forms.py, MXLinear formats)
+# lora_training: the frozen bases (tests/forms/woq_int8.py FORMS, tests/forms/dynamic_int8.py, MXLinear
+# formats)
 LORA_DYN_FORMS = (
     "IntMMDivide",
     "IntMMReciprocal",
@@ -217,7 +216,7 @@ def draw_lora_training(rng: random.Random, c: Case) -> None:
     if c.device == "cpu" and c.preference == "TRITON":  # declined on CPU: the class checks decisions
         c.preference = "AUTO"
     if c.family == "woq_int8":
-        _own_form(c, rng.choice(woq_models.FORMS))
+        _own_form(c, rng.choice(woq_forms.FORMS))
         c.extra["scale_grad"] = c.form != "unscaled" and rng.random() < 0.3
     elif c.family == "dynamic_int8":
         _own_form(c, rng.choice(LORA_DYN_FORMS_CUDA if c.device == "cuda" else LORA_DYN_FORMS))
@@ -250,7 +249,7 @@ def draw_mx_decode_training(rng: random.Random, c: Case) -> None:
     c.k = max(32, c.k // 32 * 32)
     if c.form == "mx_special":
         special = rng.choice(MX_DECODE_SPECIALS)
-        c.extra.update(special=special, elem=rng.choice(mx_models.MX_SPECIALS[special]))
+        c.extra.update(special=special, elem=rng.choice(mx_forms.MX_SPECIALS[special]))
         return
     c.extra["elem"] = rng.choice(("e4m3", "e5m2", "e2m1"))
     if c.form == "mx_linear":
@@ -306,7 +305,7 @@ def families(case: Case) -> tuple[str, ...] | None:
 class FamilyOrderLinear(nn.Module):
     """A dynamic-int8 linear written dequantize-then-matmul: woq_int8 also sees a dequantized int8 weight in
     it, so the family that decides must not depend on the order of `families=` (tests/test_family_order.py's
-    `scale_on_weight`, `scale_after_linear`; `fp32_dequant` is tests/dynamic_int8_forms.py's DequantBoth)."""
+    `scale_on_weight`, `scale_after_linear`; `fp32_dequant` is tests/forms/dynamic_int8.py's DequantBoth)."""
 
     def __init__(self, k: int, n: int, form: str, seed: int) -> None:
         super().__init__()
@@ -453,13 +452,13 @@ def _lora_base(case: Case, seed: int) -> nn.Module:
     """The frozen base of a lora_training case; its float scale trainable where `scale_grad` says so."""
     dtype = getattr(torch, case.dtype)
     if case.family == "woq_int8":
-        base: nn.Module = woq_models.WoqLinear(case.k, case.n, dtype, case.form, case.bias, seed=seed)
+        base: nn.Module = woq_forms.WoqLinear(case.k, case.n, dtype, case.form, case.bias, seed=seed)
     elif case.family == "dynamic_int8":
-        form = getattr(dynamic_int8_forms, case.form)
+        form = getattr(dyn_forms, case.form)
         base = form(case.k, case.n, bias=case.bias, kn=case.extra["kn"], seed=seed)
     else:
         a_elem, w_elem = case.form.split("-")
-        base = mx_models.MXLinear(
+        base = mx_forms.MXLinear(
             None if a_elem == "none" else a_elem, w_elem, case.n, case.k, bias=case.bias, seed=seed
         )
     if case.extra.get("scale_grad"):
@@ -503,22 +502,22 @@ def _torchao_mx_training(case: Case) -> nn.Module:
 
 
 def _mx_decode_model(case: Case, seed: int) -> nn.Module:
-    """mx_decode_training's weight-only MX linear (tests/mx_models.py), with its float64 `reference`."""
+    """mx_decode_training's weight-only MX linear (tests/forms/mx.py), with its float64 `reference`."""
     ex = case.extra
     if case.form == "partial_block":
-        return mx_models.MXPartialBlock(ex["elem"], case.n, case.k, seed)
+        return mx_forms.MXPartialBlock(ex["elem"], case.n, case.k, seed)
     if case.form == "mx_linear":
-        return mx_models.MXLinear(None, ex["elem"], case.n, case.k, ex["e8m0"], case.bias, seed)
+        return mx_forms.MXLinear(None, ex["elem"], case.n, case.k, ex["e8m0"], case.bias, seed)
     if case.form == "mx_special":
-        return mx_models.MXSpecial(case.n, case.k, ex["special"], ex["elem"], case.bias, seed)
-    return mx_models.MXExtreme(case.n, case.k, ex["elem"], "f16_dequant", "tiny", 0, case.bias, seed)
+        return mx_forms.MXSpecial(case.n, case.k, ex["special"], ex["elem"], case.bias, seed)
+    return mx_forms.MXExtreme(case.n, case.k, ex["elem"], "f16_dequant", "tiny", 0, case.bias, seed)
 
 
 class QuantoLinear(nn.Module):
     """optimum-quanto's frozen QLinear, quantized as quanto's README does: the module itself
     (`quanto_qint8`, `quanto_qfloat8`), or what its `activations=qint8` form computes up to its output's
     quantization, written with quanto's ops from the calibrated module's tensors (`quanto_int8_act`: Dynamo
-    breaks the graph around the QLinear's activation subclass, and fuzz_compile compiles whole graphs): x
+    breaks the graph around the QLinear's activation subclass, and the fuzz compiles whole graphs): x
     quantized per tensor (`quantize_symmetric`), `qbytes_mm(x_int8, w_int8, s_x * s_w)`, the bias."""
 
     def __init__(
@@ -531,7 +530,7 @@ class QuantoLinear(nn.Module):
         with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
             torch.manual_seed(seed)
             model = nn.Sequential(nn.Linear(k, n, bias=bias)).to(device, dtype)
-            calib = (torch.randn(64, k) * 2 + 0.3).to(device, dtype)  # fuzz_compile.make_x's int8 inputs
+            calib = (torch.randn(64, k) * 2 + 0.3).to(device, dtype)  # models.make_x's int8 inputs
         act = oq.qint8 if form == "quanto_int8_act" else None
         oq.quantize(model, weights=oq.qfloat8 if form == "quanto_qfloat8" else oq.qint8, activations=act)
         if act is not None:
@@ -644,7 +643,7 @@ def _row(d: dict[str, Any]) -> str:
 
 
 def check_rows(case: Case, decisions: list[dict[str, Any]]) -> str | None:
-    """What is wrong with the report rows of a class's case (`decisions`: fuzz_compile._decisions), or None.
+    """What is wrong with the report rows of a class's case (`decisions`: run._decisions), or None.
 
     Every compile of the case reports its quantized linear (each graph of a dynamic M, the forward and the
     backward of a training step): the count, family, lowered or left alone and the reason are the class's.

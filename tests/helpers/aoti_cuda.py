@@ -19,5 +19,5 @@ LOADABLE = "libstdc++" in os.environ.get("LD_PRELOAD", "") or os.environ.get("QL
 needs_cuda_package_load = pytest.mark.skipif(
     not LOADABLE,
     reason="loading a CUDA AOTI package segfaults on the torch 2.11 image unless the system libstdc++ is "
-    "preloaded (tests/aoti_cuda.py says how); set QLOWER_AOTI_CUDA_LOAD=1 where it does not",
+    "preloaded (tests/helpers/aoti_cuda.py says how); set QLOWER_AOTI_CUDA_LOAD=1 where it does not",
 )

@@ -1,6 +1,6 @@
 """woq_int8 cases for scripts/bench.py: gpt-fast's `F.linear(x, w.to(x.dtype)) * s`, per-row int8 weights.
 
-The interface every `bench_<family>.py` follows is documented at the top of bench.py.
+The interface every family module of bench_families/ follows is documented at the top of bench.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """dynamic_int8 cases for scripts/bench.py: per-token int8 activations x per-channel int8 weights.
 
-    python scripts/bench.py --family dynamic_int8 --device cpu [--quick]
-    python scripts/bench.py --family dynamic_int8 --device cuda --shapes 4096x4096x14336
+    python -m scripts.bench --family dynamic_int8 --device cpu [--quick]
+    python -m scripts.bench --family dynamic_int8 --device cuda --shapes 4096x4096x14336
+    python -m scripts.bench_families.dynamic_int8 [OUT.json]   # cuda_quick: the H200 target in one short run
 
 The model is the hand-written form (what torchao's Int8DynamicActivationInt8WeightConfig flattens to):
 quantize x per token in the graph, `torch._int_mm`, rescale by x_scale * w_scale in fp32. Stock compile and
 qlower receive the same function. On CUDA, cuBLASLt `_int_mm` rejects M <= 16, so the stock/eager function
 pads such M itself (the usual user work-around); qlower receives the unpadded form and decides.
-The interface every `bench_<family>.py` follows is documented at the top of bench.py.
+The interface every family module of bench_families/ follows is documented at the top of bench.py.
 """
 
 from __future__ import annotations

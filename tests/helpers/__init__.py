@@ -1,0 +1,17 @@
+"""What several test files share besides the model forms: the subprocess hang guard (below), the CUDA
+AOTI package-load check (`aoti_cuda`), AUTO's CPU woq choice pinned (`cpu_woq_choice`), GPU-decomposed graphs
+traced on any machine (`fake_gpu_trace`).
+
+Subprocesses (and spawned ranks) a test waits for get `timeout=SUBPROCESS_TIMEOUT_S`: a guard against a hang,
+never a speed limit. A loaded 2-core machine runs a test several times slower than a quiet one
+(test_triton_kernels.py's bucket-edge subprocess: 125 s alone, over 300 s under load), and no test may fail
+because the machine was slow; speed targets live in the benchmarks (scripts/bench*.py), not in tests.
+A subprocess that imports `tests.*` or `scripts.*` runs with `cwd=ROOT`, the repository root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SUBPROCESS_TIMEOUT_S = 3600  # the one hang guard of every subprocess a test runs (see above)
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
