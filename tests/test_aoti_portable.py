@@ -32,8 +32,8 @@ from qlower.lowerings.aoti import cli
 from qlower.quantize import QUANTIZERS
 from tests.helpers import SUBPROCESS_TIMEOUT_S
 from tests.helpers.aoti_cuda import needs_cuda_package_load
+from tests.helpers.aoti_models import quantize_mx, quantized_mlp
 from tests.helpers.cpu_woq_choice import with_woq_gemm, without_woq_gemm
-from tests.test_aoti_export import quantize_mx, quantized_mlp
 
 BF16 = torch.bfloat16
 K, N = 512, 256

@@ -511,7 +511,7 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
     """The row of a woq_int8_gemm choice says which path and ISA tier the kernel takes at that M, as the kernel
     decides it (native.woq_gemm_plan); a symbolic M lists the path at each sample M."""
     from qlower.testing import apply_pass
-    from tests.test_registry import fake_woq_graph
+    from tests.helpers.fake_gpu_trace import fake_woq_graph
 
     monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, (cpu_lowerings.cpu_woq_isa(), BF16), (0, None))
     monkeypatch.setattr(cpu_lowerings, "WOQ_GEMM_MIN_WEIGHT_DEFAULT", 0)

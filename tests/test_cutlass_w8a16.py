@@ -17,7 +17,7 @@ import qlower
 from qlower.lowerings.devices.cuda import override_cuda_capability
 from qlower.lowerings.kernels.cutlass import build, configs
 from qlower.testing import apply_pass, graph_summary
-from tests.test_registry import fake_woq_graph
+from tests.helpers.fake_gpu_trace import fake_woq_graph
 
 BF16 = torch.bfloat16
 LOWERING = "cutlass.woq_int8_w8a16"

@@ -15,21 +15,9 @@ import qlower
 from qlower.lowerings import registry
 from qlower.testing import apply_pass, graph_summary
 from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
+from tests.helpers.fake_gpu_trace import fake_woq_graph
 
 BF16 = torch.bfloat16
-
-
-def woq(x, w, s):
-    return torch.nn.functional.linear(x, w.to(x.dtype)) * s
-
-
-def fake_woq_graph(device: str, m: int = 4, k: int = 64, n: int = 32, dtype=BF16) -> torch.fx.GraphModule:
-    """A woq-int8 graph whose tensors live on `device`, traced with fake tensors (no hardware needed)."""
-    with FakeTensorMode():
-        x = torch.empty(m, k, dtype=dtype, device=device)
-        w = torch.empty(n, k, dtype=torch.int8, device=device)
-        s = torch.empty(n, dtype=dtype, device=device)
-        return make_fx(woq, decomposition_table=select_decomp_table())(x, w, s)
 
 
 def test_xpu_uses_packed_kernel_for_any_m_and_k():
@@ -87,7 +75,7 @@ def test_unregistered_device_left_alone_under_auto_and_error_when_explicit():
 
 ONBOARDING_SCRIPT = """
 import types, torch, qlower
-from tests.test_registry import fake_woq_graph
+from tests.helpers.fake_gpu_trace import fake_woq_graph
 from qlower.testing import apply_pass
 
 # A PrivateUse1 device qlower does not ship, with the tiny device module fake tensors need.

@@ -20,7 +20,7 @@ from qlower.lowerings import registry
 from qlower.testing import apply_pass
 from tests.forms.dynamic_int8 import IntMMDivide
 from tests.forms.woq_int8 import WoqLinear
-from tests.test_registry import fake_woq_graph
+from tests.helpers.fake_gpu_trace import fake_woq_graph
 
 F32 = torch.float32
 

@@ -1,6 +1,7 @@
-"""What several test files share besides the model forms: the subprocess hang guard (below), the CUDA
-AOTI package-load check (`aoti_cuda`), AUTO's CPU woq choice pinned (`cpu_woq_choice`), GPU-decomposed graphs
-traced on any machine (`fake_gpu_trace`).
+"""What several test files share besides the model forms, the one home of test helpers: the subprocess hang
+guard (below), the CUDA AOTI package-load check (`aoti_cuda`), the quantized MLPs the AOTI tests export
+(`aoti_models`), AUTO's CPU woq choice pinned (`cpu_woq_choice`), GPU-decomposed graphs and woq graphs of any
+device traced on any machine (`fake_gpu_trace`). Test modules import helpers from here, never from each other.
 
 Subprocesses (and spawned ranks) a test waits for get `timeout=SUBPROCESS_TIMEOUT_S`: a guard against a hang,
 never a speed limit. A loaded 2-core machine runs a test several times slower than a quiet one

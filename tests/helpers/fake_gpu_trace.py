@@ -1,4 +1,5 @@
-"""Graphs as Inductor's decompositions leave them on a GPU, traced on any machine (shared by tests)."""
+"""Graphs as Inductor's decompositions leave them on a GPU (or any device), traced on any machine with fake
+tensors (shared by tests)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,18 @@ def fake_cuda_trace(
     with torch._inductor.config.patch(coordinate_descent_tuning=coordinate_descent), FakeTensorMode():
         fakes = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
         return make_fx(fn, decomposition_table=select_decomp_table())(*fakes)
+
+
+def woq(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, w.to(x.dtype)) * s
+
+
+def fake_woq_graph(
+    device: str, m: int = 4, k: int = 64, n: int = 32, dtype: torch.dtype = torch.bfloat16
+) -> torch.fx.GraphModule:
+    """A woq-int8 graph whose tensors live on `device`, traced with fake tensors (no hardware needed)."""
+    with FakeTensorMode():
+        x = torch.empty(m, k, dtype=dtype, device=device)
+        w = torch.empty(n, k, dtype=torch.int8, device=device)
+        s = torch.empty(n, dtype=dtype, device=device)
+        return make_fx(woq, decomposition_table=select_decomp_table())(x, w, s)
