@@ -1,5 +1,5 @@
-"""Tensor parallel at TP=2 for tests/test_tensor_parallel.py: a Llama-style block, sharded the two ways users
-shard it, and the worker each rank runs.
+"""Tensor parallel at TP=2 for tests/integrations/tp/test_tensor_parallel.py: a Llama-style block, sharded the
+two ways users shard it, and the worker each rank runs.
 
 gpt-fast's `tp.py` flow: each rank holds its shard of hand-written quantized linears (column-parallel wq, wk,
 wv, w1, w3 split along N with their per-channel scales sliced; row-parallel wo, w2 split along K with the full
@@ -341,8 +341,8 @@ def gpt_fast_case(family_name: str, dtype: torch.dtype, rank: int) -> Result:
     x = block_input(dtype)
     full, weights = unsharded_block(family_name, dtype)
     # Each row-parallel shard quantizes its own K slice per token: the unsharded model it computes has one
-    # scale per token and shard there (tests/test_tensor_parallel.py::test_reference_is_the_unsharded_block
-    # measures how far that is from one scale over the full K)
+    # scale per token and shard there (tests/integrations/tp/test_tensor_parallel.py::
+    # test_reference_is_the_unsharded_block measures how far that is from one scale over the full K)
     ref = reference_f64(full, weights, x, gpt_fast_act(family_name, WORLD))
     out, rows = compile_and_report(gpt_fast_shard(full, FAMILIES[family_name], rank), x)
     return Result(rows, rel_err(out, ref, x))

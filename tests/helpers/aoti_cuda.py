@@ -3,7 +3,8 @@
 On the H200 image (torch 2.11), `aoti_load_package` of any CUDA package, a plain model without qlower
 included, segfaults in the package's std::regex: two copies of libstdc++'s locale symbols clash (the native
 backtrace is in docs/device-image.md). Preloading the system libstdc++ fixes it:
-    LD_PRELOAD=$(readlink -f $(g++ -print-file-name=libstdc++.so.6)) pytest -m gpu tests/test_aoti_export.py
+    LD_PRELOAD=$(readlink -f $(g++ -print-file-name=libstdc++.so.6)) \
+        pytest -m gpu tests/integrations/aoti/test_aoti_export.py
 Without it the CUDA load tests skip (a segfault would end the whole run). QLOWER_AOTI_CUDA_LOAD=1 runs them on
 a machine without the clash.
 """

@@ -103,7 +103,8 @@ def test_dynamic_m():
 
 def test_k_not_multiple_of_32_is_lowered_exactly():
     """A partial last block: the scale of block K // 32 applies to the tail. Lowered by the emulation; stock
-    Inductor's CPU code for this graph is wrong (tests/test_mx_special_codes.py, the upstream bug)."""
+    Inductor's CPU code for this graph is wrong (tests/patterns/test_mx_special_codes.py, the upstream
+    bug)."""
     k = 48
 
     def f(x, q, e):

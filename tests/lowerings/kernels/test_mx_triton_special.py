@@ -1,9 +1,9 @@
 """e8m0 codes 0 and 255 through qlower's MX Triton kernels: decoded as the matched graph decodes them.
 
 The recognizer records where a decode departs from the OCP spec (0 -> 0.0, 255 -> +inf:
-`rec.weight_mx.scale_special`, `aq.mx.scale_special`); `emit_mx_triton` maps that to the
-`a_special` / `w_special` flags of `qlower::mx_linear`, and every kernel decodes by them. In Triton's
-interpreter (CPU; inline PTX cannot run there, so `mx_bf16` is checked on the GPU, tests/test_mx_gpu.py) each
+`rec.weight_mx.scale_special`, `aq.mx.scale_special`); `emit_mx_triton` maps that to the `a_special` /
+`w_special` flags of `qlower::mx_linear`, and every kernel decodes by them. In Triton's interpreter (CPU;
+inline PTX cannot run there, so `mx_bf16` is checked on the GPU, tests/lowerings/kernels/test_mx_gpu.py) each
 interpretable kernel path runs with codes 0 and 255 planted, under each flag combination, against float64
 `mx_format.dequantize_f64(..., special=...)` products: NaN / +inf / -inf where the reference has them (a +inf
 scale gives NaN at a zero element, +-inf where every product of its block has one sign), finite values within

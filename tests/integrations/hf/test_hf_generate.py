@@ -65,7 +65,7 @@ FAMILIES = ["woq_int8", "dynamic_int8", "mx"]
 # On CPU, woq-int8 alone: each family's generate compiles the model three times (prefill, decode, the
 # automatic-dynamic recompile), 2-4 minutes a family on the 2-core CI machine. dynamic-int8 and MX generate run
 # on CUDA (`test_greedy_generate_matches_eager_cuda`); their CPU lowering of the same HF models is checked per
-# linear in tests/test_hf_dynamic_int8.py and tests/test_hf_mx.py.
+# linear in tests/integrations/hf/test_hf_dynamic_int8.py and tests/integrations/hf/test_hf_mx.py.
 CPU_FAMILIES = ["woq_int8"]
 
 

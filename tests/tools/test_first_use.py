@@ -376,7 +376,8 @@ def test_cli_build_without_a_toolchain_is_one_line(monkeypatch, capsys: pytest.C
 
 def test_cli_build_prints_the_library_and_copies_it(monkeypatch, tmp_path, capsys) -> None:
     """The ahead-of-time build: the library's path as the environment line that serves it elsewhere, and with
-    --out a copy there (the nvcc build itself is stubbed: tests/test_cutlass_w8a16.py compiles the source)."""
+    --out a copy there (the nvcc build itself is stubbed: tests/lowerings/kernels/test_cutlass_w8a16.py
+    compiles the source)."""
     from qlower.lowerings.kernels.cutlass import build
 
     lib = tmp_path / "cache" / build.LIBRARY_NAME

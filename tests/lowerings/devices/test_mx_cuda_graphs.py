@@ -2,7 +2,7 @@
 
 No SM100 is available, so the `_scaled_mm` path is checked here on the emitted graph (its meta kernel
 validates the swizzled e8m0 scale sizes, row-/column-major operands and K/N alignment) and on the H200 via
-generated code (tests/test_mx_gpu.py); it has not run on hardware.
+generated code (tests/lowerings/kernels/test_mx_gpu.py); it has not run on hardware.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ FAMILY = ("dynamic_int8",)
 @pytest.fixture(autouse=True)
 def _s8s8_cpu(monkeypatch):
     """Graphs independent of the CI CPU's ISA: s8s8 `_int_mm` unless a test asks for u8s8 (qlower.int8_gemm,
-    which serves M <= 4 on CPU, is off here: tests/test_cpu_int8_gemm.py has its graphs)."""
+    which serves M <= 4 on CPU, is off here: tests/lowerings/kernels/test_cpu_int8_gemm.py has its graphs)."""
     monkeypatch.setenv("QLOWER_CPU_INT8_ISA", "none")
     monkeypatch.setattr(cpu, "INT8_GEMM_MAX_M", 0)
 
@@ -219,7 +219,8 @@ mul_tensor_7: float32[4, 32] = aten.mul.Tensor(mul_tensor_6, arg2_1)""",
 
     def test_torchao_int8_dynamic(self):
         """torchao picks s8s8 or (VNNI without AMX) u8s8 by CPU; both lower to s8s8 here (the expected text is
-        the s8s8 spelling's, forced, so it holds on every CPU; tests/test_torchao_dynamic_int8.py runs both)."""
+        the s8s8 spelling's, forced, so it holds on every CPU;
+        tests/integrations/torchao/test_torchao_dynamic_int8.py runs both)."""
         import torchao.kernel.intmm as intmm
 
         model = torchao_linear(64, 32, bias=True)
@@ -284,7 +285,8 @@ mul_tensor_2: float32[4, 32] = aten.mul.Tensor(mul_tensor_1, arg2_1)""",
         _, report = lowered(IntMMDivide(64, 32, bias=False), torch.randn(4, 64))
         self.assertEqual(report.entries[0].lowering, "aten._int_mm")
         self.assertIn("K=64 < 4096: s8s8 measured faster", report.entries[0].passed_over_text)
-        for k in (64, 4096):  # s8s8 at M = 1 is wrong on these CPUs (tests/test_torchao_dynamic_int8.py)
+        # s8s8 at M = 1 is wrong on these CPUs (tests/integrations/torchao/test_torchao_dynamic_int8.py)
+        for k in (64, 4096):
             _, report = lowered(IntMMDivide(k, 32, bias=False), torch.randn(1, k))
             (d,) = report
             self.assertEqual(d.lowering, "aten._int_mm.u8s8")

@@ -2,7 +2,8 @@
 
 A subprocess sets TRITON_INTERPRET=1 before Triton is imported. Activations are fp32/fp16 (bf16 loads are
 wrong in the interpreter) and the tile path's dots run in fp16; numerics at GPU precision are covered by
-tests/test_mx_gpu.py on the H200. Shapes are off every tile: M=5, N=48, K=96 (not a BLOCK_K multiple).
+tests/lowerings/kernels/test_mx_gpu.py on the H200. Shapes are off every tile: M=5, N=48, K=96 (not a BLOCK_K
+multiple).
 """
 
 from __future__ import annotations
@@ -223,7 +224,8 @@ SPECIAL_CODES_SCRIPT = textwrap.dedent(
     # code (NaN and Inf encodings included) is checked against torch's own float8 cast.
     n, k = 256, 256
     for elem, dtype in (("e4m3", torch.float8_e4m3fn),):  # e5m2: the interpreter's fp8e5 cast is finite on
-        # Inf/NaN codes (Triton 3.x emulation), so its check runs on the GPU (tests/test_mx_gpu.py)
+        # Inf/NaN codes (Triton 3.x emulation), so its check runs on the GPU
+        # (tests/lowerings/kernels/test_mx_gpu.py)
         wq = torch.zeros(n, k, dtype=torch.uint8)
         wq[:, 0] = torch.arange(256, dtype=torch.uint8)
         want = wq[:, 0].view(dtype).float()

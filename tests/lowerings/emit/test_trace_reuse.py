@@ -1,7 +1,7 @@
 """Linears of one shape are traced once per graph (`lowerings/graph/triton_inline.emit_traced`'s key): the
 copies get launches, branch graphs and fake values of their own. On CPU, for each Triton emitter (woq int8,
-dynamic int8, MX): the structure of the emitted graph (its numbers on the GPU: tests/test_dynamic_m_gpu.py's
-multi-linear models)."""
+dynamic int8, MX): the structure of the emitted graph (its numbers on the GPU:
+tests/end_to_end/test_dynamic_m_gpu.py's multi-linear models)."""
 
 from __future__ import annotations
 

@@ -9,15 +9,13 @@ import re
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import qlower
 import qlower.lowerings
 import qlower.passes
 import qlower.patterns
-from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
 DEVICE_WORDS = re.compile(
     r"\b(cpu|cuda|xpu|mps|hpu|npu|mtia|privateuse\w*|sm_?\d\d|avx\w*|capability)\b", re.I
 )

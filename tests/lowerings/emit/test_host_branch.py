@@ -1,8 +1,9 @@
 """`branch_on_m` (lowerings/kernels/triton/launch_args.py) through qlower's emit route and Inductor, on CPU: the
 `torch.cond` tree qlower emits for a symbolic M without CUDA graphs must lower (its branch graphs adopted by the
 outer module, skipped by the joint passes that re-run on new subgraphs), generate a host `if` on the size, and
-take the leaf of each M. The Triton leaves themselves run on the H200 (tests/test_dynamic_m_gpu.py); here each
-leaf is an aten matmul with its own offset, so a wrong branch shows in the numbers."""
+take the leaf of each M. The Triton leaves themselves run on the H200
+(tests/end_to_end/test_dynamic_m_gpu.py); here each leaf is an aten matmul with its own offset, so a wrong
+branch shows in the numbers."""
 
 from __future__ import annotations
 

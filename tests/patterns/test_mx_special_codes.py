@@ -298,8 +298,9 @@ def test_cuda_partial_block_and_high_nibble_take_the_emulation():
 @pytest.mark.parametrize("name", ["e8m0_255_to_zero", "e8m0_255_to_nan", "e8m0_unguarded", "e4m3_nan_to_num"])
 def test_cuda_special_codes(name, m):
     """On CUDA the kernels decode e8m0 codes 0 and 255 as the matched decode does (the record's special map,
-    passed to `qlower::mx_linear`; tests/test_mx_triton_special.py checks each kernel path value by value).
-    Finite outputs and their positions are eager's, NaN fp8 elements included (the data plants 0x7f / 0xff)."""
+    passed to `qlower::mx_linear`; tests/lowerings/kernels/test_mx_triton_special.py checks each kernel path
+    value by value). Finite outputs and their positions are eager's, NaN fp8 elements included (the data
+    plants 0x7f / 0xff)."""
     form = mm.special_code_forms(N, K)[name]
     x, q, e = (t.cuda() for t in mm.special_code_inputs(form.elem, N, K, m=m))
     eager = form.fn(x, q, e)

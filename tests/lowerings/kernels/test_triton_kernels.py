@@ -15,7 +15,6 @@ import random
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,12 +27,12 @@ from qlower.lowerings.kernels.triton.configs import decode_dot, mm
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
 from tests.forms.woq_int8 import WoqLinear
-from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 from tests.helpers.aoti_cuda import needs_cuda_package_load
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-TESTS = Path(__file__).resolve().parent
+TESTS = ROOT / "tests"  # the subprocesses' working directory
 KERNEL_NAMES = ("qlinear_mm_kernel", "woq_int8_gemv_kernel", "woq_decode_kernel")
 
 
@@ -478,7 +477,8 @@ def test_host_branched_dynamic_m_takes_the_static_kernel_at_every_m(family):
     the one leaf taken launches exactly the kernel and tile of M's range in the dynamic plan (the static
     compile's config where the table measured one: test_dynamic_plan_covers_every_m_once_...); woq-int8 under
     AUTO hands M > 256 to the dequantization + cuBLAS leaf. Its numbers are checked on the H200
-    (tests/test_dynamic_m_gpu.py compiles in default mode) and each config's in the interpreter above."""
+    (tests/end_to_end/test_dynamic_m_gpu.py compiles in default mode) and each config's in the interpreter
+    above."""
     from qlower.lowerings.kernels.triton.int8 import ops as int8_ops  # noqa: F401  (registers the triton_ops)
     from qlower.lowerings.kernels.triton.tuned import current_device_name
 
@@ -545,7 +545,7 @@ def test_gated_mx_weight_only_runs_one_bucket_at_every_m(k, n):
     at every M exactly one bucket's kernel has a non-empty grid (a split-K reduce aside), the one
     `mx_ops.pick_weight_only` names. Where N <= K two buckets (M 65-128, 129+) dequantize for cuBLAS; only the
     first one's gate used to reach that shared launch, and M > 128 got an all-zero output on the H200
-    (tests/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge)."""
+    (tests/lowerings/kernels/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge)."""
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     e2m1 = mx_ops.ELEM_CODE["e2m1"]

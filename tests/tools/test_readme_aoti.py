@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 EXAMPLES = {
     "Use": ROOT / "README.md",

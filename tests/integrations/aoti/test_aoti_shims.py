@@ -21,8 +21,7 @@ import qlower
 from qlower.lowerings.aoti import abi_lock, build, cli, codegen, runtime
 from qlower.lowerings.aoti import shim_ops as ops
 from qlower.lowerings.kernels import cpp_build
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def declarations(device: str, extra: tuple[str, ...] = ()) -> str:
@@ -210,7 +209,8 @@ def test_xpu_sources_compile_against_the_cpu_wheel(written):
 
 
 def test_cpu_library_is_built_from_the_cli_output(tmp_path):
-    """The library AOTInductor links on cpu (tests/test_aoti_export.py) is compiled from exactly these files."""
+    """The library AOTInductor links on cpu (tests/integrations/aoti/test_aoti_export.py) is compiled from
+    exactly these files."""
     assert cli.main(["shims", "--device", "cpu", "--out", str(tmp_path)]) == 0
     lib = build.shim_library("cpu")
     written = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".h", ".cpp"))
@@ -262,7 +262,8 @@ def test_pass_declares_and_links_shims_only_in_cpp_wrapper_compiles_with_qlower_
                 "AOTITorchError aoti_torch_cpu_mx_bytes(AtenTensorHandle t, AtenTensorHandle* ret0)"
             ]
             (lib,) = libs
-            # linked statically, its symbols hidden: the package needs no qlower file (tests/test_aoti_portable.py)
+            # linked statically, its symbols hidden: the package needs no qlower file
+            # (tests/integrations/aoti/test_aoti_portable.py)
             assert lib.startswith(":libqlower_aoti_shims_cpu.a -L") and "-Wl,--exclude-libs," in lib
             # what Inductor reads, copies and hashes for its cache key: the compile's shims
             assert pickle.loads(pickle.dumps(libs)) == [lib] and copy.copy(libs) == [lib] and [*libs] == [lib]
@@ -307,8 +308,8 @@ def op_named(shims: dict, name: str) -> bool:
 @pytest.mark.parametrize("device", ["cpu", "cuda", "xpu"])
 def test_every_shimmed_qlower_op_calls_its_kernel_directly(device):
     """A package calls no qlower op through the dispatcher: it runs where no qlower op is registered
-    (tests/test_aoti_portable.py runs packages so). The one exception is a shim kept for the ABI of an op
-    qlower emits on another device only (woq_int8_gemm, a CPU kernel, has cuda and xpu shims)."""
+    (tests/integrations/aoti/test_aoti_portable.py runs packages so). The one exception is a shim kept for the
+    ABI of an op qlower emits on another device only (woq_int8_gemm, a CPU kernel, has cuda and xpu shims)."""
     shim_plan = codegen.plan(device, ops.ops_for_device(device), direct_kernels=True)
     qlower_shims = [s for s in shim_plan.shims if s.op.startswith("qlower::")]
     assert qlower_shims

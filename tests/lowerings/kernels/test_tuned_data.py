@@ -6,14 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from qlower.lowerings.kernels.triton import configs, tuned
 from qlower.lowerings.kernels.triton.configs import decode_fma, mm, tma
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 INT8_FAMILIES = ("woq_int8", "dynamic_int8")
 
 

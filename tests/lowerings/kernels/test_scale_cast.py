@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,12 +29,12 @@ from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import woq_int8
 from qlower.patterns.record import QuantLinear, ScaleCast, ScaleSite
 from tests.forms.woq_int8 import assert_close_to_reference
-from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-TESTS = Path(__file__).resolve().parent
+TESTS = ROOT / "tests"  # the subprocesses' working directory
 
 
 def _torchao_linear(k: int, n: int, dtype: torch.dtype, bias: bool = False, device: str = "cpu"):

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SUBPROCESS_TIMEOUT_S
+from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "qlower": "qlower",
     "passes": "qlower.passes",

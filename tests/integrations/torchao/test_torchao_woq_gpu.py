@@ -2,7 +2,7 @@
 
 At M = 1 Inductor hands qlower the decomposed matrix-vector form (torchao turns `coordinate_descent_tuning`
 on); its record said fp32 and it was lowered to `dequant_mm` (CPU proof without a GPU:
-tests/test_woq_patterns.py::test_decomposed_matvec_picks_the_cuda_decode_kernel).
+tests/patterns/test_woq_patterns.py::test_decomposed_matvec_picks_the_cuda_decode_kernel).
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ def test_woq_flatten_view_keeps_scale_and_bias_inside(scaled: str, dynamic: bool
 @pytest.fixture
 def _s8s8(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """s8s8 `_int_mm` on any CPU, so the lowering is the same everywhere; except M = 1 on VNNI CPUs without AMX,
-    where s8s8 itself (eager as lowered) is wrong (tests/test_torchao_dynamic_int8.py)."""
+    where s8s8 itself (eager as lowered) is wrong
+    (tests/integrations/torchao/test_torchao_dynamic_int8.py)."""
     from qlower.lowerings.devices.cpu import cpu_int8_isa
 
     callspec = getattr(request.node, "callspec", None)

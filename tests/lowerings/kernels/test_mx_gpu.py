@@ -1,7 +1,7 @@
 """MX on a CUDA GPU: the Triton kernels against a float64 reference, the compiled path through qlower, and the
 capability rules (SM100 codegen under an overridden capability, ATEN preference refused below 10.0).
 
-    pytest -m gpu tests/test_mx_gpu.py          (skipped without CUDA; needs Triton, no torchao)
+    pytest -m gpu tests/lowerings/kernels/test_mx_gpu.py    (skipped without CUDA; needs Triton, no torchao)
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""qlower beside other projects: torchao, HF transformers, AOTInductor, tensor parallel."""

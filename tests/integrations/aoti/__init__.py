@@ -1,0 +1,1 @@
+"""AOTInductor: exported packages, qlower's C shims, packages that run without qlower."""

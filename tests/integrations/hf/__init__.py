@@ -1,0 +1,1 @@
+"""HF transformers decoders quantized by torchao, compiled with qlower (logits, `generate`)."""

@@ -1,0 +1,1 @@
+"""torchao's quantized linears through qlower (compile and export)."""

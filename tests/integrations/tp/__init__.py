@@ -1,0 +1,1 @@
+"""Tensor parallel: sharded quantized linears lowered on every rank."""

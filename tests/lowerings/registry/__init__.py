@@ -1,0 +1,1 @@
+"""The registry: backends and their plugins, the preference, the errors a user sees."""
