@@ -1,7 +1,7 @@
 """A symbolic M on CUDA (automatic dynamic shapes, `dynamic=True`, export `Dim`s): per M bucket the kernel a static
 compile picks, chosen on the host from the size (`configs.dynamic_plan`, gated grids), right at every bucket
 boundary, captured by CUDA graphs, and inside AOTInductor packages. The plan itself (every M covered once, the
-static configs) is checked on CPU in tests/lowerings/kernels/test_triton_kernels.py."""
+static configs) is checked on CPU in tests/lowerings/kernels/test_triton_dynamic_m.py."""
 
 from __future__ import annotations
 

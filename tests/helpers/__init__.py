@@ -1,11 +1,12 @@
 """What several test files share besides the model forms, the one home of test helpers: the subprocess hang
 guard (below), the CUDA AOTI package-load check (`aoti_cuda`), the quantized MLPs the AOTI tests export
 (`aoti_models`), AUTO's CPU woq choice pinned (`cpu_woq_choice`), GPU-decomposed graphs and woq graphs of any
-device traced on any machine (`fake_gpu_trace`). Test modules import helpers from here, never from each other.
+device traced on any machine (`fake_gpu_trace`), what the Triton kernels' tests share (`triton_launches`). Test
+modules import helpers from here, never from each other.
 
 Subprocesses (and spawned ranks) a test waits for get `timeout=SUBPROCESS_TIMEOUT_S`: a guard against a hang,
 never a speed limit. A loaded 2-core machine runs a test several times slower than a quiet one
-(test_triton_kernels.py's bucket-edge subprocess: 125 s alone, over 300 s under load), and no test may fail
+(test_triton_dynamic_m.py's bucket-edge subprocess: 125 s alone, over 300 s under load), and no test may fail
 because the machine was slow; speed targets live in the benchmarks (scripts/bench*.py), not in tests.
 A subprocess that imports `tests.*` or `scripts.*` runs with `cwd=ROOT`, the repository root.
 """
