@@ -1,4 +1,4 @@
-"""The pass as Inductor sees it: cache keys, the report, logging, options."""
+"""The pass as Inductor sees it: cache keys, logging, options (its report: test_report.py)."""
 
 from __future__ import annotations
 
@@ -80,31 +80,6 @@ def test_fx_cache_hit_without_aot_cache_still_runs_the_pass():
             torch.compile(model, options=qlower.inductor_options())(x)
             assert qlower.last_report().entries[0].lowering == "aten._weight_int8pack_mm"
         assert counters["inductor"]["fxgraph_cache_hit"] == 1
-
-
-def test_a_compile_without_qlowers_pass_opens_no_report():
-    """Only compiles whose Inductor config carries qlower's pass have reports (more: test_report_and_errors.py)."""
-    qlower.clear_reports()
-    qlower.inductor_options()  # configuring qlower is not compiling with it
-    torch.compile(lambda x: x + 1, backend="eager")(torch.randn(3))
-    torch.compile(lambda x: x * 2)(torch.randn(3))
-    assert qlower.all_reports() == [] and qlower.last_report().compile_id is None
-
-
-def test_report_fields_and_table():
-    gm = trace_for_inductor(WoqLinear(24, 32, BF16), torch.randn(2, 3, 24, dtype=BF16))
-    report = apply_pass(gm)
-    (d,) = report.entries
-    assert (d.family, d.device, d.shape, d.dtype) == ("woq_int8", "cpu", (6, 24, 32), "torch.bfloat16")
-    assert d.lowering == "dequant_mm" and d.kind == "EMULATED" and "K % 16" in d.passed_over_text
-    table = report.table()
-    assert "1/1 lowered" in table and "dequant_mm" in table and "6, 24, 32" in table
-
-
-def test_report_has_symbolic_m_for_dynamic_shapes():
-    gm = trace_for_inductor(WoqLinear(64, 32, BF16), torch.randn(3, 5, 64, dtype=BF16), dynamic=True)
-    (d,) = apply_pass(gm).entries
-    assert isinstance(d.shape[0], torch.SymInt) and d.shape[1:] == (64, 32)
 
 
 def test_decisions_logged_at_info(caplog):
