@@ -3,7 +3,8 @@
 Dynamo wraps whatever a backend raises in `BackendCompilerFailed`, except the exceptions it re-raises as they
 are (`torch/_dynamo/output_graph.py`, `_call_user_compiler`): `ShortenTraceback` subclasses among them. qlower's
 errors are such a subclass, so `except qlower.UnsupportedPlatformError` around a compiled call catches the error
-qlower raised, not a wrapper (tests/test_report_and_errors.py::test_unsupported_platform_error_is_catchable_*).
+qlower raised, not a wrapper
+(tests/lowerings/registry/test_errors_and_options.py::test_unsupported_platform_error_is_catchable_*).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def parse_preference(value: object, argument: str = "kernel_preference") -> Kern
 
     Anything else is a clear error naming `argument`, what was given and the valid choices (a bare
     `KernelPreference[...]` lookup gave a KeyError without them): TypeError for a non-string, ValueError for an
-    unknown string. tests/test_first_use.py::test_preference_* holds every row of the table.
+    unknown string. tests/tools/test_first_use.py::test_preference_* holds every row of the table.
     """
     if isinstance(value, KernelPreference):
         return value

@@ -8,7 +8,8 @@ hands their loader to `builtins_on_first_use`) are registered at the registry's 
 that is: a lookup (`choose`, `backends`, `fingerprint`, `decision_env`) or a change (`register_backend`,
 `unregister_backend`). So a plugin registered before any compile still ranks ahead of the built-in lowerings,
 and `replace=True` or `unregister_backend` still drops them, exactly as when the built-ins loaded at import
-(tests/test_registry.py, tests/test_layout.py::test_registry_registers_nothing_until_first_use).
+(tests/lowerings/registry/test_registry.py,
+tests/tools/test_layout.py::test_registry_registers_nothing_until_first_use).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _taking_preference(emit: Callable) -> EmitFn:
     def call(graph: fx.Graph, record: QuantLinear, preference: KernelPreference) -> fx.Node:
         return emit(graph, record)
 
-    call.without_preference = True  # type: ignore[attr-defined]  (tests/test_layout.py)
+    call.without_preference = True  # type: ignore[attr-defined]  (tests/tools/test_layout.py)
     return call
 
 

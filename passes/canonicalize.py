@@ -349,9 +349,9 @@ def drop_metadata_asserts(graph: fx.Graph) -> int:
     `torch.export` keeps one after each `.to(...)` of the model (torchao's quantized linears have several),
     and there they are extra users of the matmul and its epilogue: a recognizer's single-user walk stops at
     them (torchao's dynamic int8 under export was left alone, "no per-token activation scale",
-    tests/test_torchao_export.py). They check dtype / device / layout that the graph's fake values already
-    fix, Inductor lowers them to nothing (`torch/_inductor/lowering.py`) and its post-grad `remove_assert_ops`
-    erases them all anyway; doing it first changes no value.
+    tests/integrations/torchao/test_torchao_export.py). They check dtype / device / layout that the graph's
+    fake values already fix, Inductor lowers them to nothing (`torch/_inductor/lowering.py`) and its post-grad
+    `remove_assert_ops` erases them all anyway; doing it first changes no value.
     """
     asserts = list(graph.find_nodes(op="call_function", target=aten._assert_tensor_metadata.default))
     for node in asserts:

@@ -71,7 +71,8 @@ class QLowerPass(CustomGraphPass):
     def __eq__(self, other: object) -> bool:
         """Passes of equal configuration are one backend to Dynamo: `torch.compile(options=d)` compares the
         options dicts (`BACKEND_MATCH`), so blocks compiled one by one with equal `inductor_options(...)`
-        share one graph instead of hitting the recompile limit (tests/test_per_block_compile.py)."""
+        share one graph instead of hitting the recompile limit
+        (tests/end_to_end/test_per_block_compile.py)."""
         return type(other) is type(self) and self._config() == other._config()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:

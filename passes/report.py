@@ -7,12 +7,12 @@ One report per compile in which qlower's pass runs (`start_graph`). A compile In
 AOTAutograd cache never runs the pass (an FX graph cache hit does: Inductor runs the joint-graph passes before
 it looks up that cache); such a compile gets a report of its own that says so (`pass_ran=False`,
 `SERVED_FROM_CACHE`), so `last_report()` never shows another compile's rows (`note_cache_key`,
-tests/test_report_cache.py).
+tests/end_to_end/test_report.py).
 
 A row names the module its linear came from (`module`: the innermost entry of the `nn_module_stack` Dynamo
 keeps in each node's meta, as a qualified name such as `layers.3.mlp.down_proj`), prints a symbolic M as its
 range (`2..inf`), and shows one short reason; `Report.table(full=True)` and `Report.explain(i)` give the whole
-text (tests/test_first_use.py).
+text (tests/tools/test_first_use.py).
 """
 
 from __future__ import annotations
@@ -245,14 +245,14 @@ def _in_aot_compile() -> bool:
 def shape_label(shape: Any) -> str:
     """The text of a row's (M, K, N), computed where the decision is made: in an AOTInductor compile a size
     whose lower bound only 0/1 specialization raised to 2 starts at 1, as the package runs it
-    (`torch.export.Dim("batch", min=1, max=4096)` prints `1..4096`; tests/test_report_rows.py)."""
+    (`torch.export.Dim("batch", min=1, max=4096)` prints `1..4096`; tests/end_to_end/test_report.py)."""
     exported = _in_aot_compile()
     return ", ".join(dim_text(s, exported) for s in shape)
 
 
 REASON_WIDTH = 80
 # What a report says when it holds no decisions for one of two reasons a user cannot see
-# (tests/test_first_use.py).
+# (tests/tools/test_first_use.py).
 NO_COMPILE_YET = (
     "qlower's pass has not run in this process yet. torch.compile compiles at the first call of the "
     "compiled callable; HF `generate` calls the model's own forward, so compile that "

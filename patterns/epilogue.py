@@ -6,7 +6,7 @@ Stopping early is always correct: what the walk does not consume stays in the gr
 value. A node other nodes also read (a training graph's backward reads the matmul's product) ends the walk
 too, unless the family still needs a factor after it (`walk_epilogue`'s `through_shared`): the walk then goes
 on, and the rewrite leaves that node, and what it reads, in the graph for its other readers, so they read
-exactly the values they read before (tests/test_dynamic_int8_training.py).
+exactly the values they read before (tests/end_to_end/test_dynamic_int8_training.py).
 """
 
 from __future__ import annotations

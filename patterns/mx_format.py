@@ -149,7 +149,7 @@ def dequantize_f64(
     """The float64 reference: [rows, K] elements times their block's scale (codes plain [rows, ceil(K / 32)]).
 
     Eager `repeat_interleave` + slice: exact here (stock Inductor's generated code for that form is not, see
-    tests/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
+    tests/patterns/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
     """
     x = elements_f64(q, elem, nibbles)
     rows, k = x.shape
@@ -173,7 +173,7 @@ def quantize(x: torch.Tensor, elem: str, mode: str = "floor") -> tuple[torch.Ten
     `mode` 'floor' (OCP spec: 2 ** (floor(log2 amax) - emax), saturating cast) or 'rceil' (2 ** ceil(log2(amax
     / max))). Elements are fp8 tensors, or packed e2m1 bytes (uint8). For tests and benchmarks. With K % 32
     traced inside a model, stock Inductor compiles its final slice wrong (see `dequantize_f64`): such models
-    quantize with a per-element gather instead (tests/mx_models.py MXDynamicPartialBlock).
+    quantize with a per-element gather instead (tests/forms/mx.py MXDynamicPartialBlock).
     """
     rows, k = x.shape
     cols = blocks(k)

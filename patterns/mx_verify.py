@@ -253,7 +253,7 @@ def _diagnose(probe: _Probe) -> None:
     """Raise _NotMX naming the half of a failing decode that differs: elements under scale code 127, or
     scale codes times element 1.0. A constant factor off on every element is blamed on the scales, and so is
     every element difference when code 127 itself does not decode to 1.0 (the element probe then says
-    nothing about the elements: e4m3 scale bytes read 0x7f as NaN; tests/test_report_rows.py)."""
+    nothing about the elements: e4m3 scale bytes read 0x7f as NaN; tests/end_to_end/test_report.py)."""
     nq, ne = probe.q_numel, probe.e_numel
     unit = torch.full((ne,), fmt.E8M0_BIAS, dtype=torch.uint8)
     one = torch.full((nq,), fmt.ELEM_ONE_BYTE[probe.elem], dtype=torch.uint8)

@@ -2,8 +2,8 @@
 
 Why: optimum-quanto's frozen `QLinear` with qint8 weights reaches the graph as one op,
 `quanto::qbytes_mm(x, w_int8, scales)`, with no aten matmul for a recognizer to anchor on, so a model of
-such linears reported "no candidate linears" (tests/test_producer_ops.py). Two answers, as graph facts
-(passes/canonicalize.py builds the nodes; patterns/ may not import the emitters):
+such linears reported "no candidate linears" (tests/patterns/test_producer_ops.py). Two answers, as graph
+facts (passes/canonicalize.py builds the nodes; patterns/ may not import the emitters):
 
 - `KNOWN`: ops whose arithmetic is proven from their source, each with the aten form a family records.
   `known_linear(node)` gives that form's operands, or why this call is not it.

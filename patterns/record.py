@@ -35,7 +35,8 @@ class ScaleCast:
     graph, through shape-only ops, on this linear's behalf alone: each node from the cast to the scale
     multiply has that single use. A kernel given `source` and told to round it to `dtype` (round to nearest
     even, as the graph's convert does) computes with the graph's very scale, and the cast dies. Compared
-    by dtypes only: records of two traces of one form compare equal (tests/test_woq_patterns.py `_facts`)."""
+    by dtypes only: records of two traces of one form compare equal (tests/patterns/test_woq_patterns.py
+    `_facts`)."""
 
     source: fx.Node = field(compare=False)
     dtype: torch.dtype

@@ -3,9 +3,9 @@
 Why: the MX recognizer proves each decode's meaning by running its subgraph on probe codes
 (`mx_verify.verify`), the costliest step of matching (BENCHMARKS.md, "compile seconds"). A model's linears
 decode alike, so a verification is keyed by this structure and run once per graph
-(`tests/test_mx_patterns.py::test_decode_verified_once_per_structure`). The key holds every input of the run:
-each node's op, its arguments (other nodes by position, named leaves by name), its dtype and concrete shape,
-and the values of the constants and sizes it reads from outside.
+(`tests/patterns/test_mx_patterns.py::test_decode_verified_once_per_structure`). The key holds every input of
+the run: each node's op, its arguments (other nodes by position, named leaves by name), its dtype and concrete
+shape, and the values of the constants and sizes it reads from outside.
 """
 
 from __future__ import annotations

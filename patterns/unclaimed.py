@@ -6,10 +6,10 @@ leave the report silent ("no candidate linears"): a batched expert matmul over s
 (`w.to(bf16) @ x`, which a 1-D `x` turns into `(w * x).sum(1)`). The pass runs this sweep after every
 family: any matrix product (`mm`, `addmm`, `bmm`, `baddbmm`, or the matrix-vector `sum(mul)`) one of whose
 operands is computed from 8-bit quantized storage, and that no decision covers, becomes a `Rejection`
-naming what it is and why it stays as written (tests/test_report_rows.py). A call of a producer
+naming what it is and why it stays as written (tests/end_to_end/test_report.py). A call of a producer
 library's own op that multiplies an activation by quantized data (optimum-quanto's `quanto::*`, vLLM's) and
 that passes/canonicalize.py did not decompose gets its row too, naming the op (`producers.producer_rejection`,
-tests/test_producer_ops.py). Device-free, like every pattern.
+tests/patterns/test_producer_ops.py). Device-free, like every pattern.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def _weight_scale_ok(path: _WeightPath, n: int) -> bool:
 def _is_channel_vector(factor: Any) -> bool:
     """Only 0-d/1-d tensors (or numbers) are this linear's scale or bias: at M = 1 a residual or a gate
     activation ([1, 1, N]) is also a per-channel factor by shape, but it is an activation, not part of this
-    linear (tests/test_woq_patterns.py::test_residual_and_gate_at_m1_are_not_bias_or_scale)."""
+    linear (tests/patterns/test_woq_patterns.py::test_residual_and_gate_at_m1_are_not_bias_or_scale)."""
     v = tensor_val(factor)
     return v is None or v.dim() <= 1
 

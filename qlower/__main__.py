@@ -1,7 +1,7 @@
 """`python -m qlower <command>`: one subparser and one small function per command.
 
 A request the machine cannot serve (`demo --device cuda` on a torch without CUDA, a bad option value) ends with
-one line on stderr and exit status 2, not a traceback (tests/test_first_use.py::test_cli_*).
+one line on stderr and exit status 2, not a traceback (tests/tools/test_first_use.py::test_cli_*).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from qlower.patterns import FAMILIES
 def parse_families(families: Iterable[str] | None) -> tuple[str, ...]:
     """The family names `families` stands for (None: all), checked, without repeats, in `FAMILIES`' order
     whatever order they were given in: options built from any order of one set are equal, and the pass
-    decides every subgraph the same way (tests/test_report_and_errors.py::test_family_order_*).
+    decides every subgraph the same way (tests/patterns/test_family_order.py::test_family_order_*).
 
     A bare string is refused: iterating it would give one "family" per character.
     """

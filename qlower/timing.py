@@ -3,7 +3,7 @@
 Why: on a shared or loaded machine the same benchmark swings 2-20x between runs. Every time that
 scripts/bench.py, scripts/bench_model.py and `python -m qlower demo` report is the median of its repeats with
 the spread of those repeats next to it, and one WARNING line says when a spread is wide or the machine was
-loaded while timing (tests/test_bench.py checks both on synthetic series).
+loaded while timing (tests/tools/test_bench.py checks both on synthetic series).
 
 The spread is the interquartile range over the median (IQR / median): robust to one slow repeat (a page fault,
 a collection), wide when a quarter or more of the repeats moved.

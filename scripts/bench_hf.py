@@ -9,9 +9,9 @@ Models are built from configs (random weights, nothing downloaded), quantized wi
 (`Int8WeightOnlyConfig`, `Int8DynamicActivationInt8WeightConfig`). Three flows per row, in one process:
 **bf16** (the unquantized model compiled by stock `torch.compile`: what a user would run instead), **stock**
 (the quantized model compiled by stock `torch.compile`) and **qlower** (compiled with `qlower.inductor_options()`).
-Two caches: `dynamic` (HF's default cache, `model.forward` compiled in place: the README's recipe) and `static`
-(`cache_implementation="static"` with a `CompileConfig` holding the flow's options, so transformers compiles the
-decode step; on CUDA under `mode="reduce-overhead"`, CUDA graphs).
+Two caches: `dynamic` (HF's default cache, `model.forward` compiled in place: docs/hf-generate.md's recipe)
+and `static` (`cache_implementation="static"` with a `CompileConfig` holding the flow's options, so
+transformers compiles the decode step; on CUDA under `mode="reduce-overhead"`, CUDA graphs).
 
 Per flow: decode ms per token = (generate(N) - generate(1)) / (N - 1), so HF's own per-step host work counts as
 a user pays it; the first call's seconds (compiles included); the CUDA allocator's peak memory (not measured on
@@ -102,7 +102,7 @@ def options(flow: str, device: str) -> dict[str, Any] | None:
 
 
 def prepare(model: torch.nn.Module, flow: str, cache: str, device: str) -> torch.nn.Module:
-    """The flow's compiled copy, set up as the README's recipe for `cache` says."""
+    """The flow's compiled copy, set up as docs/hf-generate.md's recipe for `cache` says."""
     import transformers
 
     model = copy.deepcopy(model)

@@ -1,5 +1,5 @@
-"""Host cost of one quantized linear outside CUDA graphs (issue 18, item 4): wall time per call and CUDA kernels
-per call, qlower against stock Inductor on the same graph and bf16 `F.linear`.
+"""Host cost of one quantized linear outside CUDA graphs (a symbolic batch picks its kernel on the host): wall
+time per call and CUDA kernels per call, qlower against stock Inductor on the same graph and bf16 `F.linear`.
 
     python scripts/bench_host_cost.py [--shape 4096x4096] [--ms 2,4,16,64,300] [--calls 300] [--families mx]
 

@@ -4,8 +4,8 @@
     python -m scripts.bench_model --device cpu              # --small: every variant in a few minutes
     torchrun --nproc-per-node 2 -m scripts.bench_model --device cuda --tp 2
 
-Why: qlower picks kernels per linear for a static M; users run whole models whose batch or length changes
-(issue 18). This times whole decoder steps the way they run them.
+Why: qlower picks kernels per linear for a static M; users run whole models whose batch or length changes.
+This times whole decoder steps the way they run them.
 
 The model: `--layers` blocks of Llama-3-8B shape by default (dim 4096, 32 heads, 8 kv heads, fused qkv
 4096->6144, o 4096->4096, fused gate/up 4096->28672, down 14336->4096; RMSNorm, RoPE, SDPA against a KV

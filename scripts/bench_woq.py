@@ -1,5 +1,5 @@
-"""Alias kept for issue 2: `python -m scripts.bench_woq [args]` is `python -m scripts.bench --family woq_int8
-[args]`."""
+"""The woq-int8 benchmark under its first name, an alias: `python -m scripts.bench_woq [args]` is
+`python -m scripts.bench --family woq_int8 [args]`."""
 
 from __future__ import annotations
 

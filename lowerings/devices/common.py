@@ -39,7 +39,7 @@ def weight_scale_range_blocker(rec: QuantLinear) -> str | None:
     quantizer makes, so only fp16 is refused). A Python-number scale is checked now; a tensor's values are
     unknown at compile time, so such a record is left to the lowerings that compute the graph's formula
     (dequant + GEMM, the scaled weight in a reused buffer;
-    tests/test_dequant_range.py::test_weight_side_scale_overflows_like_eager).
+    tests/lowerings/emit/test_dequant_range.py::test_weight_side_scale_overflows_like_eager).
     """
     if rec.weight_scale is None or not scale_on_weight(rec):
         return None

@@ -6,7 +6,7 @@ the weight (2.2 ms into a reused buffer, see `SCRATCH_MIN_BYTES`) + bf16 GEMM co
 the packed kernel wins up to M=8. With fp16/fp32 activations the packed kernel is slow
 (7-9 ms at M=1) and only wins at M=1. With bf16 on AVX512 it needs K % 16 == 0 and does not check it
 (wrong numbers for K=8/24/40, a segfault for K=7/33;
-tests/test_woq_compile.py::test_bf16_odd_k_never_crashes_or_miscomputes).
+tests/end_to_end/test_woq_compile.py::test_bf16_odd_k_never_crashes_or_miscomputes).
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 
 # --------------------------------------------------------------------- qlower.woq_int8_gemm
 # qlower's own CPU GEMM (lowerings/kernels/csrc/woq_gemm.cpp): int8 -> float inside the kernel, the graph's own
-# arithmetic (tests/test_cpu_woq_gemm.py). Three paths, chosen by the kernel at each call: direct (its own
-# micro-kernel, each int8 block converted once and reused by every M row), chunked (chunks of N columns
-# converted into a buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16 kernels where
-# the CPU has them) and amx (bf16 x on AMX-BF16 tiles, the weight converted in registers).
+# arithmetic (tests/lowerings/kernels/test_cpu_woq_gemm.py). Three paths, chosen by the kernel at each call:
+# direct (its own micro-kernel, each int8 block converted once and reused by every M row), chunked (chunks of
+# N columns converted into a buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16
+# kernels where the CPU has them) and amx (bf16 x on AMX-BF16 tiles, the weight converted in registers).
 # `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx` forces one; auto (`plan_call` in the kernel) takes amx for
 # bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),

@@ -1,10 +1,11 @@
 """AUTO's measured M crossovers on CUDA, in one table: the M at which one lowering hands a static M to the next
 in the ranking, or (a symbolic M) at which qlower's op hands the run-time M to another kernel inside the call.
 
-Only `lowerings/devices/` reads these (tests/test_layout.py checks it): the device rules decline a static M
-outside a range (`prefer`), and hand the numbers an emitter needs to it as arguments, with the preference the
-choice was made under (an explicit preference keeps the chosen kernel at every M). The CPU's crossovers are
-rows of the per-ISA tables in `devices/cpu.py`. Each number cites the table in BENCHMARKS.md it comes from.
+Only `lowerings/devices/` reads these (tests/tools/test_layout.py checks it): the device rules decline a
+static M outside a range (`prefer`), and hand the numbers an emitter needs to it as arguments, with the
+preference the choice was made under (an explicit preference keeps the chosen kernel at every M). The CPU's
+crossovers are rows of the per-ISA tables in `devices/cpu.py`. Each number cites the table in BENCHMARKS.md it
+comes from.
 
 What is not here: the kernels' own configuration tables (tile shapes per M bucket, `kernels/triton/configs.py`,
 `kernels/triton/mx/ops.py`, `kernels/cutlass/tuned/`), which choose how one kernel runs an M, not which
@@ -39,7 +40,7 @@ CUTLASS_W8A16_M_RANGE: tuple[int, int | None] = (128, 4096)
 # kernels serve M <= 16 (2x bf16); above it the op runs the tile kernel, measured at 0.16-0.43x bf16 at
 # M = 128-4096 on sm_90, below the emulation's 0.85-0.93x (BENCHMARKS.md, "CUDA, mx"). MXFP4 with bf16 x keeps
 # the op at every M (its bf16-decode kernels). Equal to the op's own decode range (`mx.ops.DECODE_MAX_M`,
-# tests/test_layout.py checks it).
+# tests/tools/test_layout.py checks it).
 MX_WEIGHT_ONLY_TRITON_MAX_M = 16
 
 # MX with MX activations, qlower's Triton MX op -> the emulation: the op's GEMV serves M <= 4; above it the fp8

@@ -303,7 +303,7 @@ MX_TRITON = Lowering(
 
 
 # --------------------------------------------------------------------- mx: emulation
-# How `_prefer_mx_emulated`'s reason starts (scripts/fuzz_classes.py checks report rows by it).
+# How `_prefer_mx_emulated`'s reason starts (scripts/fuzz/classes.py checks report rows by it).
 TRAINING_STOCK = "a training compile: stock Inductor"
 
 
@@ -316,7 +316,7 @@ def _prefer_mx_emulated(rec: QuantLinear) -> str | None:
 
     A partial last block (K not a multiple of the block) keeps the emulation: its exact decode is what the
     backward reads (`redecode_readers`), where the graph's own spelling was miscompiled on CPU
-    (tests/test_mx_training.py::test_partial_block_training_compiles_right).
+    (tests/end_to_end/test_mx_training.py::test_partial_block_training_compiles_right).
     """
     if rec.act_quant is None or not differentiates(rec.output.graph):
         return None

@@ -52,7 +52,8 @@ def scale_fits(rec: QuantLinear, dtype: torch.dtype) -> bool:
 
 def _epilogue_scale(em: Emitter, rec: QuantLinear, dtype: torch.dtype) -> Any:
     """The scale as a multiplier of the [M, N] result: a number as is, a one-element tensor as 0-d (a 0-d CPU
-    scale may mix with CUDA tensors; tests/test_registry.py::test_cuda_graph_with_cpu_scalar_scale), else [N]."""
+    scale may mix with CUDA tensors;
+    tests/lowerings/registry/test_registry.py::test_cuda_graph_with_cpu_scalar_scale), else [N]."""
     s = rec.weight_scale
     if isinstance(s, (int, float)):
         return s
@@ -66,8 +67,9 @@ def scale_epilogue(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
     """`core` (the matmul result, rounded to the compute dtype as the graph's matmul rounds it) times the
     scale, as the graph computes `mm(...) * s`: the exact product in fp32 (or wider), rounded once to the
     graph's product dtype. The scale never touches a low-precision weight, so nothing overflows that the
-    user's formula keeps finite (tests/test_dequant_range.py). The fp32 step also keeps the result out of
-    Inductor's own woq pattern (`mm(...) * bf16 scale` -> `_weight_int8pack_mm`, unchecked K)."""
+    user's formula keeps finite (tests/lowerings/emit/test_dequant_range.py). The fp32 step also keeps the
+    result out of Inductor's own woq pattern (`mm(...) * bf16 scale` -> `_weight_int8pack_mm`, unchecked
+    K)."""
     if rec.weight_scale is None:
         return core
     out = product_dtype(rec)
@@ -101,7 +103,7 @@ def host_branches(rec: QuantLinear) -> bool:
     sets) the gated form stays: a captured graph replays only the launch that ran. So does an M that is not
     one size symbol (a flattened [B, T, K] activation: M = B * T): a branch graph sees only its operands,
     whose sizes then do not define B and T (Inductor: "For 3*s77, expected [s77] to have been codegen-ed";
-    tests/test_epilogue_forms.py's dynamic CUDA forms on sm_90)."""
+    tests/end_to_end/test_epilogue_forms.py's dynamic CUDA forms on sm_90)."""
     from torch._inductor import config as inductor_config
 
     if is_static(rec.m) or inductor_config.triton.cudagraphs:

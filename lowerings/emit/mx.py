@@ -198,7 +198,7 @@ def dequant(
     A partial last block (K % 32): each element's scale is gathered by its block index k // 32. Not a
     zero-padded [rows, blocks, 32] product sliced back to K, nor `repeat_interleave(32)[:, :K]`: stock
     Inductor's CPU code for either (fused into a consumer) is wrong past column 32
-    (tests/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
+    (tests/patterns/test_mx_special_codes.py::test_upstream_repeat_interleave_slice_bug).
     """
     cols = fmt.blocks(k)
     x = elements_f32(em, q, q_layout, elem, k, device, nibbles, table)

@@ -1,7 +1,7 @@
 """What still reads MX decodes once the records are lowered: a training graph's grad_x through the weight's
 dequantization, a linear left alone next to a lowered one, a bare e8m0 conversion. QLowerPass runs these after
 every family: each reader gets qlower's own exact decode (`emit.mx`), so no e8m0 value and no miscompiled
-decode spelling reaches Inductor (tests/test_mx_training.py).
+decode spelling reaches Inductor (tests/end_to_end/test_mx_training.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def redecode_readers(graph: fx.Graph) -> int:
     on every code, in the multiply's dtype), but its spelling may be miscompiled: torch 2.13 Inductor's C++
     loop split turns the partial block's `repeat_interleave(32)[:, :K]` into K // 32 whole blocks per row and
     never writes the rest, so fp16 grad_x read uninitialized columns (non-finite where eager is finite:
-    tests/test_mx_training.py::test_backward_reads_the_exact_decode). The readers' own ops (a dtype convert
-    after the multiply, the transpose) stay, so their rounding points are the graph's. Runs after every
-    family: a weight two lowered linears share is read by none of them once both are lowered.
+    tests/end_to_end/test_mx_training.py::test_backward_reads_the_exact_decode). The readers' own ops (a dtype
+    convert after the multiply, the transpose) stay, so their rounding points are the graph's. Runs after
+    every family: a weight two lowered linears share is read by none of them once both are lowered.
     """
     memo = graph_memo(graph, _LOWERED_DECODES)
     count = 0
@@ -84,7 +84,7 @@ def legalize_e8m0(graph: fx.Graph) -> int:
     even declare an e8m0 buffer (`KeyError: torch.float8_e8m0fnu`, stock `torch.compile` too), so such a graph
     would not compile (CPU graphs only). A float conversion becomes the bit decode of `qlower::mx_bytes`' copy (code 255 -> NaN,
     0 -> 2**-127: `c10::Float8_e8m0fnu`'s values) and a bitcast to uint8 / int8 becomes that copy
-    (tests/test_mx_training.py).
+    (tests/end_to_end/test_mx_training.py).
     """
     count = 0
     for node in list(graph.nodes):

@@ -93,7 +93,7 @@ def _dequantized_weight(em: Emitter, rec: QuantLinear) -> fx.Node:
         # int8 -> fp32 -> compute dtype (exact, one fused kernel): Inductor's own woq rewrite matches
         # `mm(x, convert(w_int8).t())` followed by a `mul` even when a view that splits N sits between (a
         # per-head scale) and then fails to lower; it does not match a weight converted from fp32
-        # (tests/test_epilogue_forms.py::test_woq_scale_after_split_view_compiles)
+        # (tests/end_to_end/test_epilogue_forms.py::test_woq_scale_after_split_view_compiles)
         return em.convert(em.convert(rec.weight, torch.float32), rec.compute_dtype)
     out = product_dtype(rec)
     wide = torch.promote_types(out, torch.float32)
@@ -109,8 +109,8 @@ def emit_dequant_mm(
     Output scale (`F.linear(x, w.to(x.dtype)) * s`): the exact int8 -> float weight, then the scale on the
     matmul result (`scale_epilogue`). Folding it into a low-precision weight would change the numbers: w * s
     overflows fp16 for |s| > 516 where (x @ w.T) * s need not, and rounds bf16 weights
-    (tests/test_dequant_range.py). Weight scale (`F.linear(x, w.to(x.dtype) * s)`): the scaled weight, as the
-    graph rounds it.
+    (tests/lowerings/emit/test_dequant_range.py). Weight scale (`F.linear(x, w.to(x.dtype) * s)`): the scaled
+    weight, as the graph rounds it.
     """
     em = Emitter(graph, rec.output)
     deq = _dequantized_weight(em, rec)
@@ -160,7 +160,7 @@ def _woq_gemm_scale(em: Emitter, rec: QuantLinear) -> fx.Node:
     """The scale operand of `qlower::woq_int8_gemm`: the graph's own [N] tensor as a view where its dtype is
     one the kernel reads (it widens it to fp32 itself, exactly), so no conversion kernel runs before each call;
     else `scale_vector`'s fp32 copy, which Inductor runs as a kernel of its own before every call
-    (tests/test_cpu_woq_gemm.py checks the generated code has none)."""
+    (tests/lowerings/kernels/test_cpu_woq_gemm.py checks the generated code has none)."""
     v = tensor_val(rec.weight_scale) if isinstance(rec.weight_scale, fx.Node) else None
     if v is None or v.dtype not in _WOQ_GEMM_SCALE_DTYPES or not known_eq(v.numel(), rec.n):
         return scale_vector(em, rec, torch.float32)

@@ -32,7 +32,7 @@ def _fallback_impl(node: fx.Node) -> Any:
     # later compile in the process must still see that op as a fallback (else it runs the op opaquely, with
     # its meta function's dtypes: choose_qparams_per_token's says float64 where the kernel returns float32,
     # and the generated code read float32 scales as doubles;
-    # tests/test_dynamic_int8_numerics.py::test_pt2e_inlined_after_a_stock_compile_met_its_ops).
+    # tests/end_to_end/test_dynamic_int8_numerics.py::test_pt2e_inlined_after_a_stock_compile_met_its_ops).
     handler = lowering.lowerings.get(target)
     if handler is not None and not (
         getattr(handler, "_is_fallback_handler", False) or target in getattr(lowering, "fallbacks", ())

@@ -57,8 +57,9 @@ def dense_unit_strides(x):
     Inductor views a [1, 1, K] buffer as [1, K] with strides (0, 1). The memory it names is the same for any
     stride of a size-1 dim, but oneDNN takes that stride as the leading dimension: `_int_mm` read garbage
     there on an AVX512 Xeon (torch 2.11; rel err ~1e4 on torchao dynamic int8 at x
-    [1, 1, K]; tests/test_torchao_dynamic_int8.py::test_int_mm_operands_have_dense_leading_dims). A new view
-    of the same storage (never a copy) with leading dimension K is what a dense [1, K] tensor has.
+    [1, 1, K];
+    tests/integrations/torchao/test_torchao_dynamic_int8.py::test_int_mm_operands_have_dense_leading_dims). A
+    new view of the same storage (never a copy) with leading dimension K is what a dense [1, K] tensor has.
     """
     from torch._inductor import ir
     from torch._inductor.virtualized import V
@@ -119,7 +120,7 @@ def fix_cpp_loop_split_sizes() -> None:
     same number of loop dims but different sizes (`AssertionError: ({y0: 128, y1: 2, y2: 32}, {y0: 64, y1: 4,
     y2: 32})`): it checks only the dims' count. torchao's MX training backward, lowered by qlower, fuses
     the decodes of its dgrad and wgrad operands (blocks along different dims) into such a group. The split is an optional vectorization aid: a group whose nodes disagree on their sizes is generated unsplit,
-    as Inductor already does for the other incompatible groups (tests/test_mx_training.py)."""
+    as Inductor already does for the other incompatible groups (tests/end_to_end/test_mx_training.py)."""
     from torch._inductor.codegen.cpp import CppScheduling
 
     original = CppScheduling.try_loop_split

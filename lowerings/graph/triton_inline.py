@@ -14,8 +14,8 @@ reads aliasing from them). The cache lives on the graph: a new compile, preferen
 The copies of a trace also share its branch graphs (the `torch.cond` subgraphs of a symbolic M) under Python's
 wrapper: Inductor lowers a subgraph once per get_attr target (`GraphLowering.seen_subgraphs`) and defines it
 once as a function that every `if` calls, so a decoder's linears of one shape cost one lowering and one
-codegen per M range, not one per linear (`tests/test_trace_reuse.py`). A C++ wrapper (AOTInductor,
-`cpp_wrapper`) inlines each call of a subgraph; there each copy keeps branch graphs of its own.
+codegen per M range, not one per linear (`tests/lowerings/emit/test_trace_reuse.py`). A C++ wrapper
+(AOTInductor, `cpp_wrapper`) inlines each call of a subgraph; there each copy keeps branch graphs of its own.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ packed copy is a cache entry that is checked on every call.
 An entry is trusted only while the weight holds the very bytes it was packed from: each entry keeps a private
 copy of those int8 bytes and every call compares the weight with it (`torch.equal` on 8-byte words). Nothing
 about the tensor's identity is trusted: version counters miss writes through `.data`, through numpy views or
-through the storage, and pointer, shape and strides stay the same (tests/test_cpu_prepack.py
+through the storage, and pointer, shape and strides stay the same (tests/lowerings/kernels/test_cpu_prepack.py
 `test_every_weight_write_between_calls_is_seen`). The lookup key (the owning tensor, `w._base` for a view,
 plus the view's geometry) only finds the candidate entry; an entry is dropped when its owner dies.
 

@@ -38,7 +38,7 @@ def _int8_scaled_weight_mm(
 
     w int8 [N, K] (transposed) or [K, N] (`w_is_kn`); s broadcasts on w, in fp32 or wider, so the product
     is exact before it is rounded once to `product_dtype`: the graph's own scaled weight, inf where the
-    graph's is (tests/test_dequant_range.py). It goes into a reused per-thread buffer, as in
+    graph's is (tests/lowerings/emit/test_dequant_range.py). It goes into a reused per-thread buffer, as in
     `qlower::int8_weight_mm`, then into x's dtype if that differs, and a float GEMM reads it.
     """
     scaled = scratch(tuple(w.shape), product_dtype)

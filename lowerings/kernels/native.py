@@ -11,7 +11,8 @@ Every library qlower builds registers through a gate (cpp_build.py, `_GATE_HEADE
 are already registered, it registers nothing and keeps the reason, where an ungated library would abort the
 process. `load_library` turns that reason into `LibraryConflictError`; registering qlower's ops makes
 `torch.ops.load_library` do the same (`check_library_loads`), so `qlower.load_ops()` and then
-`torch.ops.load_library("libqlower_ops.so")` raises instead of running on silently (tests/test_native_library.py).
+`torch.ops.load_library("libqlower_ops.so")` raises instead of running on silently
+(tests/lowerings/kernels/test_native_library.py).
 """
 
 from __future__ import annotations

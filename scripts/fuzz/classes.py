@@ -1,4 +1,5 @@
-"""The defect classes of issue 31 as fuzz variants: their draws, models and report-row checks.
+"""The fuzz variants aimed at known defect classes (training graphs, family order, near-MX decodes, stacked
+experts, producer ops): their draws, models and report-row checks.
 
 Why a module of its own: draw.py and run.py hold the axes every case shares (shape, dtype, preference, dynamic
 M) and the outcome logic; these classes each bring their own model and their own expectation of qlower's
@@ -9,12 +10,12 @@ its model (`build`) and the rows it must report (`check_rows`); numbers go throu
 - `mx_training`: torchao's MX training recipes (`MXFP8Linear` with `KernelPreference.EMULATED`, or
   `quantize_` with `MXFP8TrainingOpConfig.from_recipe(MXFP8_EMULATED_RCEIL)`), forward + backward: three MX
   matmuls, (T, K, N), (T, N, K) and (N, T, K), all lowered (on CUDA under AUTO: lowered, or left to stock
-  with the training-compile reason; tests/test_mx_training.py).
+  with the training-compile reason; tests/end_to_end/test_mx_training.py).
 - `family_order`: a dynamic-int8 linear written dequantize-then-matmul under `families=` in a drawn order
   and subset: dynamic_int8 lowers it whenever enabled, else woq_int8 leaves it with DYNAMIC_ACTIVATION
-  (tests/test_family_order.py).
+  (tests/patterns/test_family_order.py).
 - `near_mx`: MX-shaped decodes that are not MX (e4m3 / e5m2 scale bytes, a bias of 126 or 128, 16-element
-  blocks): left alone with the reason (tests/test_report_rows.py).
+  blocks): left alone with the reason (tests/end_to_end/test_report.py).
 - `stacked_experts`: stacked int8 experts (`bmm`, `einsum("mk,enk->emn")`) and the weight as the left
   operand (`w @ v`): one left-alone woq_int8 row each, reasons from patterns/unclaimed.py.
 - `lora_training`: a frozen quantized linear of any family (woq forms, dynamic-int8 forms without PT2E, MX
@@ -22,16 +23,17 @@ its model (`build`) and the rows it must report (`check_rows`); numbers go throu
   grad, the base's float scale trainable too in some cases (`scale_grad`); forward + backward. The joint
   graph's backward reads the base's intermediates (a dynamic-int8 product before its per-token scale): the
   forward linear's rows all the case's family, one lowered; a dynamic-int8 base one dynamic_int8 row, lowered
-  (tests/test_dynamic_int8_training.py); the backward's own products of dequantized data, rows of their own.
+  (tests/end_to_end/test_dynamic_int8_training.py); the backward's own products of dequantized data, rows of
+  their own.
 - `mx_decode_training`: a weight-only MX linear, x requiring grad, forward + backward, mostly fp16: partial
   blocks (K % 32 != 0, `repeat_interleave(32)[:, :K]`), every weight format, tiny scale codes (fp16
   subnormal weights), scale code 0, a run-time fp4 table, high-nibble-first fp4. The backward's grad_x = grad_y @ dequant(w) is no MX
-  linear (left alone) and reads qlower's decode of the lowered forward (tests/test_mx_training.py).
+  linear (left alone) and reads qlower's decode of the lowered forward (tests/end_to_end/test_mx_training.py).
 - `producer_ops`: a quantized linear inside a producer library's own op (`PRODUCER_FORMS`): optimum-quanto's
   frozen qint8 `QLinear` (`quanto::qbytes_mm`, lowered as woq_int8), its `activations=qint8` arithmetic
   written with quanto's ops (lowered as dynamic_int8), its qfloat8 weights (an mx row naming the op, left
   alone), and an op of vLLM's namespace on a 4-bit weight packed in int32 words (a woq_int8 row naming the
-  op, left alone) (tests/test_producer_ops.py).
+  op, left alone) (tests/patterns/test_producer_ops.py).
 
 torchao is imported only when an `mx_training` case is built, optimum-quanto when a `producer_ops` one is.
 """
@@ -100,7 +102,7 @@ NEAR_MX: dict[str, tuple[int, str]] = {
 }
 NEAR_MX_SPELLINGS = ("linear", "fp32_matmul")
 
-# form -> a phrase of its row's reason (patterns/unclaimed.py; tests/test_report_rows.py::SILENT_BEFORE)
+# form -> a phrase of its row's reason (patterns/unclaimed.py; tests/end_to_end/test_report.py::SILENT_BEFORE)
 STACKED: dict[str, str] = {
     "bmm": "batched matmul",
     "einsum": "batched matmul",
@@ -129,7 +131,7 @@ LORA_RANKS = (1, 4, 8, 16)
 # the per-token scale's gradient reads the product before that scale: the reason dynamic_int8 gave that graph
 FALSE_NO_ROW_SCALE = "no per-token activation scale"
 # how the CUDA rule's reason starts (devices/cuda.py TRAINING_STOCK: scripts use public names only; the two are
-# kept equal by tests/test_fuzz_smoke.py::test_mx_training_rows_left_to_stock_only_on_cuda_auto)
+# kept equal by tests/tools/test_fuzz_smoke.py::test_mx_training_rows_left_to_stock_only_on_cuda_auto)
 TRAINING_STOCK = "a training compile: stock Inductor"
 
 # mx_decode_training: form -> weight; partial blocks' K (even: packed e2m1); the specials qlower lowers whose
@@ -304,8 +306,9 @@ def families(case: Case) -> tuple[str, ...] | None:
 # ------------------------------------------------------------------------------------------ models
 class FamilyOrderLinear(nn.Module):
     """A dynamic-int8 linear written dequantize-then-matmul: woq_int8 also sees a dequantized int8 weight in
-    it, so the family that decides must not depend on the order of `families=` (tests/test_family_order.py's
-    `scale_on_weight`, `scale_after_linear`; `fp32_dequant` is tests/forms/dynamic_int8.py's DequantBoth)."""
+    it, so the family that decides must not depend on the order of `families=`
+    (tests/patterns/test_family_order.py's `scale_on_weight`, `scale_after_linear`; `fp32_dequant` is
+    tests/forms/dynamic_int8.py's DequantBoth)."""
 
     def __init__(self, k: int, n: int, form: str, seed: int) -> None:
         super().__init__()
@@ -470,7 +473,8 @@ def _lora_base(case: Case, seed: int) -> nn.Module:
 
 
 def _torchao_mx_training(case: Case) -> nn.Module:
-    """torchao's MX training linear, as tests/test_mx_training.py builds it, on the case's device."""
+    """torchao's MX training linear, as tests/end_to_end/test_mx_training.py builds it, on the case's
+    device."""
     from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
     from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
     from torchao.prototype.mx_formats.config import ScaleCalculationMode

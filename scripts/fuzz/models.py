@@ -21,7 +21,8 @@ from tests.forms import mx as mx_forms
 from tests.forms import woq_int8 as woq_forms
 from tests.forms.woq_int8 import WoqLinear
 
-# dynamic-int8 forms (tests/forms/dynamic_int8.py), as tests/test_dynamic_int8_numerics.py uses them
+# dynamic-int8 forms (tests/forms/dynamic_int8.py), as tests/end_to_end/test_dynamic_int8_numerics.py uses
+# them
 DYN_FORMS: dict[str, tuple[type, dict[str, Any]]] = {
     "IntMMDivide": (dyn.IntMMDivide, {}),
     "IntMMReciprocal": (dyn.IntMMReciprocal, {}),
@@ -76,7 +77,8 @@ class MXFormModule(nn.Module):
 
 
 class MXPartialBlock(nn.Module):
-    """tests/test_mx_cpu.py's K-not-a-multiple-of-32 spelling: qlower must leave it alone, with a reason."""
+    """tests/end_to_end/test_mx_cpu.py's K-not-a-multiple-of-32 spelling: qlower must leave it alone, with a
+    reason."""
 
     def __init__(self, n: int, k: int, seed: int) -> None:
         super().__init__()

@@ -10,16 +10,16 @@ options of one compile leaking into another), so each class brings its own seque
   compiled with the case's preference, then EMULATED (AUTO for an EMULATED case), then the case's again: the
   third is served from the AOTAutograd cache. After each compile `last_report()` is a report of its own, never
   the previous one: where the AOTAutograd cache served it, one that says so (`pass_ran=False`, naming the
-  preference); else the rows of that compile, honouring its preference (tests/test_report_cache.py).
+  preference); else the rows of that compile, honouring its preference (tests/end_to_end/test_report.py).
 - `two_models`: in one process without a Dynamo reset, the model compiled with the case's options, a copy
   compiled by stock `torch.compile` (it must add no report; where its numbers are off eager's, stock
   compiled alone must be off too: a stock miscompile is stock's), and another copy with EMULATED: each
   compile's rows honour its own preference, each qlower output is checked against eager.
 - `aoti_package`: `torch.export` (a `Dim` batch for a dynamic case, else static), AOTInductor with qlower's
   options, then the package run in fresh processes three ways (qlower blocked, `import qlower` alone,
-  `qlower.load_ops()`), each against eager (tests/test_aoti_portable.py). On the H200 image a CUDA package
-  loads only with the system libstdc++ preloaded (tests/helpers/aoti_cuda.py): run the CUDA fuzz under that
-  `LD_PRELOAD`, which the fresh processes inherit.
+  `qlower.load_ops()`), each against eager (tests/integrations/aoti/test_aoti_portable.py). On the H200 image
+  a CUDA package loads only with the system libstdc++ preloaded (tests/helpers/aoti_cuda.py): run the CUDA
+  fuzz under that `LD_PRELOAD`, which the fresh processes inherit.
 
 run.py hands a case here from its `_execute`; a broken invariant is a `problems` entry, which run.py counts
 as a failure.
@@ -51,7 +51,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], int]] = {
     "two_models": (("woq_int8", "dynamic_int8", "mx"), 4),
     "aoti_package": (("woq_int8", "dynamic_int8", "mx"), 4),
 }
-# How a fresh process runs a package (the preamble of its script): tests/test_aoti_portable.py's WAYS.
+# How a fresh process runs a package (the preamble of its script):
+# tests/integrations/aoti/test_aoti_portable.py's WAYS.
 PACKAGE_WAYS = {
     "qlower_blocked": 'sys.modules["qlower"] = None\nimport torch',
     "import_qlower": "import torch, qlower",

@@ -12,7 +12,7 @@ Triton is optional: importing this package, `configs`, `tuned` or a family's pac
 family's kernel modules and `ops` do, and only the emit step imports them (lowerings/emit/triton_int8.py,
 triton_mx.py, which splice the traced ops into the graph through lowerings/graph/triton_inline.py).
 `triton_unavailable()` says why the kernels cannot be used in this process (None when they can). Nothing here
-imports lowerings/emit or lowerings/devices (tests/test_layout.py).
+imports lowerings/emit or lowerings/devices (tests/tools/test_layout.py).
 """
 
 from __future__ import annotations

@@ -182,7 +182,9 @@ def config_from_fields(fields: dict[str, Any]) -> KernelConfig:
 # would need a persistent zeroed counter buffer, which a functional op cannot keep).
 WOQ_INT8_TUNED = TunedTable.from_files("woq_int8", config_from_fields)
 DYNAMIC_INT8_TUNED = TunedTable.from_files("dynamic_int8", config_from_fields)
-# The stand-in device's tables by their old names (qlower.tuning, tests): the dicts the tables answer from.
+# The stand-in device's tables as dicts (the tests set entries in them): what the tables answer from. The
+# knobs the tuners and benchmarks change are this module's names (scripts import
+# qlower.lowerings.kernels.triton.configs; the tuner writes through `WOQ_INT8_TUNED.writable()`).
 WOQ_INT8_TABLE = WOQ_INT8_TUNED.writable(STAND_IN)
 DYNAMIC_INT8_TABLE = DYNAMIC_INT8_TUNED.writable(STAND_IN)
 

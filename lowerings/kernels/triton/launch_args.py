@@ -29,7 +29,7 @@ def m_range_gate(m: Any, lo: int, hi: int | None) -> Any:
     assumes a symbolic size >= 2 (0/1 specialization), yet the graph also runs at M = 1 where nothing recompiles
     (AOTInductor). Pruning the M == 1 bucket on that assumption left M = 1 with no launch at all (an unwritten
     output, seen on sm_90 through AOTInductor;
-    tests/test_mx_triton_interp.py::test_dynamic_m_buckets_cover_m1_under_the_size_assumption).
+    tests/lowerings/kernels/test_mx_triton_interp.py::test_dynamic_m_buckets_cover_m1_under_the_size_assumption).
     """
     if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
         return None

@@ -4,7 +4,7 @@ A data file names its GPU (`"device"`, as `torch.cuda.get_device_name()` reports
 and dates of the sweeps behind it, how they timed, and per kernel family (`"tables"`) the command that
 regenerates the table and its entries: `key` (a list of ints), `config` (the kernel config's fields, decoded by
 the family's owner, e.g. `configs.config_from_fields`) and, where the tuner recorded it, `us` (the winner's
-kernel time). `validate` is the schema; tests/test_tuned_data.py checks every file.
+kernel time). `validate` is the schema; tests/lowerings/kernels/test_tuned_data.py checks every file.
 
 A table answers only for the device it was measured on; any other device gets the per-bucket rules next to each
 table. Off a GPU (TRITON_INTERPRET on CPU tensors) the tables of `STAND_IN` (the file marked `"stand_in": true`)

@@ -96,7 +96,7 @@ def load_scale(ptrs, mask, ROUND_WS: tl.constexpr):
     """The weight scale as fp32. ROUND_WS 1 / 2: the fp32 scale is first rounded to bf16 / fp16 (to nearest
     even, as the graph's fp32 -> dtype convert rounds; Triton's default for a float downcast), so a kernel
     given torchao's fp32 scale computes with the very bf16/fp16 scale the graph's cast would have made
-    (`ops.round_code`; tests/test_scale_cast.py)."""
+    (`ops.round_code`; tests/lowerings/kernels/test_scale_cast.py)."""
     s = tl.load(ptrs, mask=mask, other=0.0)
     if ROUND_WS == 1:
         s = s.to(tl.bfloat16)

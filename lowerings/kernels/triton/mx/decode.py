@@ -246,7 +246,8 @@ def mx_decode_mm_kernel(
         else:
             w = tl.load(w_ptrs, mask=w_mask, other=0)
         # decoded * 2**(DSH - XSH) (exact: a power of two), then the scale: folded into the scale instead, the
-        # factor overflowed it at high codes (2**6 from code 249, tests/test_mx_triton_special.py)
+        # factor overflowed it at high codes (2**6 from code 249,
+        # tests/lowerings/kernels/test_mx_triton_special.py)
         v = _join_words(_decode_words(w, W_FMT, DECODE), EPW) * s_mul
         kb = kw0 // WPB + tl.arange(0, NBK)
         s = _block_scales(

@@ -283,7 +283,7 @@ def _row_partial(w, s, x_ptr, row, M, kw, lim, stride_xm, stride_xk, W_FMT: tl.c
     # Both factors are powers of two. (s * down) first: r holds x scaled up to 2**T, so (r * s) overflowed at
     # high codes under a small x. Where s * down itself overflows (x's block amax times the scale reaches
     # 2**128) the products may still be finite (zeros, small elements): there r is scaled in two steps
-    # (tests/test_mx_triton_special.py, the high-code rows).
+    # (tests/lowerings/kernels/test_mx_triton_special.py, the high-code rows).
     sums = tl.sum(tl.reshape(r, (w.shape[0], NBK, WPB)), axis=2)
     d = down[None, :]
     sd = s * d

@@ -141,7 +141,8 @@ def _load_dequant_tile(
             s_ptr, rows, row_mask, kb, K // 32, stride_sr, stride_sc, s_cols_pad, SWIZZLED, SPECIAL
         )
         # the true value first (exact), then the scale: the graph's own product. Folding 2**6 into the scale
-        # instead overflowed it at codes >= 249 (tests/test_mx_triton_special.py, the high-code row).
+        # instead overflowed it at codes >= 249 (tests/lowerings/kernels/test_mx_triton_special.py, the
+        # high-code row).
         v = v * _fold(FMT)
         v = tl.reshape(tl.reshape(v, (rows.shape[0], NB, 32)) * s[:, :, None], (rows.shape[0], BK))
         return v.to(DOT_DTYPE)

@@ -201,7 +201,8 @@ def decode_config_from_fields(cfg: dict[str, Any]) -> DecodeConfig:
 
 # The measured points, (w_fmt code, M bucket's upper end, K, N) -> config: the `"mx"` table of the tuned data
 # files (tuned/<gpu>.json, keyed by the device they were measured on, read through tuned.py); the rules give
-# the same configs there (tests/test_mx_triton_interp.py checks that), the table is the record of the sweeps.
+# the same configs there (tests/lowerings/kernels/test_mx_triton_interp.py checks that), the table is the
+# record of the sweeps.
 DECODE_TUNED = TunedTable.from_files("mx", decode_config_from_fields)
 DECODE_TABLE = DECODE_TUNED.entries(STAND_IN)  # the stand-in device's entries
 # Dynamic-M buckets (lo, hi): a symbolic M launches one gated kernel per bucket that is not provably empty.
