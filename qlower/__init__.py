@@ -4,7 +4,7 @@ model = torch.compile(model, options=qlower.inductor_options())
 print(qlower.last_report())
 
 Importing qlower loads none of its sub-packages: each public name loads its module at first use (PEP 562),
-so `import qlower.patterns` loads the device-free patterns package alone (tests/test_layout.py). qlower's built-in backends, and
+so `import qlower.patterns` loads the device-free patterns package alone (tests/tools/test_layout.py). qlower's built-in backends, and
 with them its torch ops (`torch.ops.qlower.*`), load at the registry's first use: a compile with
 `inductor_options()`, `register_backend`, or `load_ops()` for a process that only runs what qlower compiled.
 """
@@ -12,7 +12,38 @@ with them its torch ops (`torch.ops.qlower.*`), load at the registry's first use
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from importlib.machinery import ModuleSpec
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# Imported from a source checkout's root (pytest puts the root on sys.path, since tests/ and scripts/ are
+# packages of it), this folder is `qlower` and the sub-packages are the root's passes/, patterns/ and
+# lowerings/ folders (pyproject.toml's package-dir): a finder maps those three names onto them so that they
+# import whether qlower is installed editable, installed from a copy, or not at all (tests/tools/test_layout.py).
+_CHECKOUT = Path(__file__).resolve().parent.parent
+_SUB_PACKAGES = ("passes", "patterns", "lowerings")
+
+
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """`qlower.<pkg>` -> the checkout's <pkg>/ folder, for the three sub-packages alone."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        prefix, _, name = fullname.partition(".")
+        if prefix != __name__ or name not in _SUB_PACKAGES:
+            return None
+        folder = _CHECKOUT / name
+        return importlib.util.spec_from_file_location(
+            fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+
+
+if (_CHECKOUT / "pyproject.toml").is_file() and all(
+    (_CHECKOUT / p / "__init__.py").is_file() for p in _SUB_PACKAGES
+):
+    sys.meta_path.append(_CheckoutFinder())  # after the path finders: an editable install's own finder wins
 
 __version__ = "0.1.0"
 

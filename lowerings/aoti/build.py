@@ -3,7 +3,7 @@
 - the shim library of one device: the generated C shims, as `libqlower_aoti_shims_<device>.so` and as the
   static archive `libqlower_aoti_shims_<device>.a`. AOTInductor links the archive into each package's own
   wrapper (`aot_inductor.custom_op_libs`, symbols hidden), so a package depends on no qlower file and loads
-  wherever it is copied (tests/test_aoti_portable.py). The shims call the dispatcher: they work in any
+  wherever it is copied (tests/integrations/aoti/test_aoti_portable.py). The shims call the dispatcher: they work in any
   process where qlower's ops are registered, by qlower's Python (`qlower.load_ops()`) or by the ops library
   below; except those of the ops with a C++ kernel of qlower's own (cpp_build.DIRECT_KERNELS), which call the
   kernel compiled into the library, so the package needs no registration (and no build) for them.
@@ -32,14 +32,37 @@ from qlower.lowerings.kernels.cpp_build import (  # noqa: F401  (re-exported: bu
 
 
 def shim_library(device: str) -> Library:
-    """libqlower_aoti_shims_<device>.{so,a} with the C shims of every op qlower may emit on `device`."""
-    shim_plan = codegen.plan(device, ops.ops_for_device(device), direct_kernels=True)
+    """libqlower_aoti_shims_<device>.{so,a} with the C shims of every op qlower may emit on `device`, except
+    those with a library of their own (`separate_shim_library`)."""
+    shim_plan = codegen.plan(device, ops.ops_for_device(device, separate=False), direct_kernels=True)
     files = {
         codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
         f"qlower_c_shim_{device}.cpp": codegen.render_source(shim_plan, "custom-ops"),
         **kernel_only_sources(shim_plan.kernel_sources),
     }
     return build(f"qlower_aoti_shims_{device}", files)
+
+
+def separate_shim_library(op: str) -> Library:
+    """The shim library of one of `shim_ops.SEPARATE_LIBRARY_OPS`: its C shim, its C++ kernel and the objects
+    the kernel calls (the CUTLASS op: the CUTLASS library's, built by nvcc at first use). Linked only into
+    packages that call the op. Raises BuildError when the objects cannot be had (no nvcc or CUTLASS here)."""
+    from qlower.lowerings.kernels.cutlass import build as cutlass_build
+
+    device = ops.SEPARATE_LIBRARY_OPS[op][0]
+    shim_plan = codegen.plan(
+        device, [o for o in ops.separate_library_ops(device) if o.qualified == op], direct_kernels=True
+    )
+    objects = cutlass_build.objects()
+    if isinstance(objects, str):
+        raise BuildError(f"qlower: no C shim for {op}: {objects}")
+    name = op.split("::", 1)[1]
+    files = {
+        codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
+        f"qlower_c_shim_{device}_{name}.cpp": codegen.render_source(shim_plan, "custom-ops"),
+        **kernel_only_sources(shim_plan.kernel_sources),
+    }
+    return build(f"qlower_aoti_shims_{device}_{name}", files, extra_objects=tuple(objects))
 
 
 def render_op_definitions() -> str:

@@ -8,10 +8,11 @@ cpp_wrapper) that emitted qlower ops, it builds the device's shim library once (
 entries for that compile alone. The two objects show what they were made with plus the notes of the compile
 being run, so Inductor declares and links the shims while it generates and builds that compile's code; nothing
 is added in place, neither to the options (reused, compared and hashed across compiles) nor to Inductor's
-global config, and the notes go with the compile (tests/test_aoti_shims.py). The wrapper links the library's
+global config, and the notes go with the compile (tests/integrations/aoti/test_aoti_shims.py). The wrapper links the library's
 static archive: the shims live inside the package, which loads wherever it is copied, on any process where
-qlower's ops are registered (tests/test_aoti_portable.py). `QLOWER_AOTI_SHIMS=0` turns this off (proxy
-executor).
+qlower's ops are registered (tests/integrations/aoti/test_aoti_portable.py). The ops of `shim_ops.SEPARATE_LIBRARY_OPS` (the
+CUTLASS op) have a shim library of their own, linked only into the packages that call them.
+`QLOWER_AOTI_SHIMS=0` turns this off (proxy executor).
 """
 
 from __future__ import annotations
@@ -210,9 +211,10 @@ def config_entries() -> dict[str, Any]:
     }
 
 
-def _emitted_devices(graph: fx.Graph) -> set[str]:
-    """Device types on which `graph` calls one of qlower's own ops."""
-    devices = set()
+def _emitted(graph: fx.Graph, found: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """{qlower op `ns::name`: device types it runs on} for the ops `graph` calls, in the graphs of its
+    subgraph modules too (a `torch.cond` branch holds the CUTLASS op of a symbolic M)."""
+    found = {} if found is None else found
     for node in graph.nodes:
         target = node.target
         if (
@@ -222,8 +224,29 @@ def _emitted_devices(graph: fx.Graph) -> set[str]:
         ):
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
-                devices.add(val.device.type)
-    return devices
+                found.setdefault(f"qlower::{target._opname}", set()).add(val.device.type)
+        elif node.op == "get_attr" and graph.owning_module is not None:
+            sub = getattr(graph.owning_module, str(node.target), None)
+            if isinstance(sub, fx.GraphModule):
+                _emitted(sub.graph, found)
+    return found
+
+
+def _separate_libraries(
+    emitted: dict[str, set[str]], shims: dict[torch._ops.OpOverload, list[str]]
+) -> list[str]:
+    """The `custom_op_libs` entries of the emitted ops whose shims have a library of their own; an op whose
+    library cannot be built here loses its shim entry (the proxy executor calls it)."""
+    libs = []
+    for name, (device, _) in sorted(ops.SEPARATE_LIBRARY_OPS.items()):
+        if device not in emitted.get(name, ()) or ops.op_from_name(name).op_overload not in shims:
+            continue
+        try:
+            libs.append(build.separate_shim_library(name).custom_op_libs_entry())
+        except (build.BuildError, codegen.ShimError) as e:
+            log.warning("qlower: no C shim for %s, AOTInductor will use the proxy executor: %s", name, e)
+            shims.pop(ops.op_from_name(name).op_overload, None)
+    return libs
 
 
 def prepare_compile(graph: fx.Graph) -> None:
@@ -231,7 +254,8 @@ def prepare_compile(graph: fx.Graph) -> None:
     only (`_notes`): the options and Inductor's config stay as they were."""
     if not torch._inductor.config.cpp_wrapper or os.environ.get("QLOWER_AOTI_SHIMS", "1") == "0":
         return
-    devices = _emitted_devices(graph)
+    emitted = _emitted(graph)
+    devices = set().union(*emitted.values()) if emitted else set()
     if not devices:
         return
     cfg = torch._inductor.config.aot_inductor
@@ -252,6 +276,7 @@ def prepare_compile(graph: fx.Graph) -> None:
             continue
         shims.update(entries["aot_inductor.custom_ops_to_c_shims"])
         libs.extend(e for e in entries["aot_inductor.custom_op_libs"] if e not in libs)
+    libs.extend(e for e in _separate_libraries(emitted, shims) if e not in libs)
     notes = _notes(create=True)
     assert notes is not None  # the config holds a CompileShims
     with _lock:

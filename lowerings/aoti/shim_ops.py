@@ -89,6 +89,27 @@ def op_from_name(qualified: str) -> ShimOp:
     return aten_op(name, overload) if ns == "aten" else registered_op(ns, name, overload)
 
 
+# qlower ops of one device whose kernels need more than the C++ compiler (the CUTLASS op: nvcc and the CUTLASS
+# headers, minutes of build): op -> (device, the module that registers it). Their shims are declared for that
+# device alone and built into a library of their own, linked only into the packages that call them
+# (lowerings/aoti/build.py `separate_shim_library`, runtime.prepare_compile).
+SEPARATE_LIBRARY_OPS: dict[str, tuple[str, str]] = {
+    "qlower::woq_int8_cutlass": ("cuda", "qlower.lowerings.kernels.cutlass.w8a16"),
+}
+
+
+def separate_library_ops(device: str) -> list[ShimOp]:
+    """The SEPARATE_LIBRARY_OPS of `device`, registered now if they were not yet."""
+    import importlib
+
+    found = []
+    for name, (op_device, module) in sorted(SEPARATE_LIBRARY_OPS.items()):
+        if op_device == device:
+            importlib.import_module(module)
+            found.append(op_from_name(name))
+    return found
+
+
 def qlower_ops() -> list[ShimOp]:
     """qlower's own operators currently registered (the built-in backends register them at the registry's
     first use), except triton_ops (qlower emits those already decomposed into Triton kernel calls, which
@@ -107,6 +128,7 @@ def qlower_ops() -> list[ShimOp]:
         if n.startswith("qlower::")
         and n.split(".")[0] not in triton_ops_to_kernels
         and n.split(".")[0] not in PYTHON_RUNTIME_ONLY
+        and n.split(".")[0] not in SEPARATE_LIBRARY_OPS
     )
     return [op_from_name(n) for n in names]
 
@@ -147,9 +169,14 @@ def lowering_emits(device: str) -> list[str]:
     return list(seen)
 
 
-def ops_for_device(device: str, extra: list[str] | tuple[str, ...] = ()) -> list[ShimOp]:
-    """The ops qlower must shim for `device`: its own ops, plus emitted aten ops the installed torch lacks."""
+def ops_for_device(
+    device: str, extra: list[str] | tuple[str, ...] = (), separate: bool = True
+) -> list[ShimOp]:
+    """The ops qlower must shim for `device`: its own ops, plus emitted aten ops the installed torch lacks;
+    `separate=False` leaves out the ops whose shims have a library of their own (SEPARATE_LIBRARY_OPS)."""
     chosen: dict[str, ShimOp] = {op.qualified: op for op in qlower_ops()}
+    if separate:
+        chosen.update((op.qualified, op) for op in separate_library_ops(device))
     for name in [*lowering_emits(device), *extra]:
         op = op_from_name(name)
         if op.namespace == "aten" and torch_shims(device, op):

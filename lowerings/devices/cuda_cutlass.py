@@ -3,11 +3,12 @@ when AUTO prefers it.
 
 Correct (`supports`): capability 9.0 exactly (the library holds sm_90a code alone), bf16/fp16 x, an int8
 weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA rows), a scale of x's
-dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, not under
-AOTInductor (no C shim yet: the package keeps the Triton lowering and runs without qlower), and a built
-library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report).
-Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs, which gets
-qlower's Triton op with this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
+dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, and a built
+library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report); under
+AOTInductor also the library's objects, which the op's C shim links into the package (lowerings/aoti/build.py).
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs or in a
+C++-wrapper compile (AOTInductor, cpp_wrapper: the branch on M is a C++ `if`), which gets qlower's Triton op with
+this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
 lowering, which keeps a static M up to 127; dequant + cuBLAS keeps a static M above the range (`devices/crossovers.py`,
 from BENCHMARKS.md, "CUDA, woq_int8, CUTLASS W8A16").
 """
@@ -79,7 +80,11 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     if cap != SM90A:
         return f"the CUTLASS library holds sm_90a code, for capability 9.0 only; this device's is {describe_capability(cap)}"
     if _aoti():
-        return "AOTInductor: the CUTLASS kernel has no C shim yet, so the package keeps the Triton lowering"
+        from qlower.lowerings.kernels.cutlass import build
+
+        objects = build.objects()
+        if isinstance(objects, str):
+            return f"AOTInductor: the package links the CUTLASS objects, and there are none: {objects}"
     why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
     if why:
         return why
@@ -101,10 +106,11 @@ def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     if not is_static(rec.m):
         from torch._inductor import config as inductor_config
 
-        if not inductor_config.triton.cudagraphs:
+        if not (inductor_config.triton.cudagraphs or _aoti()):
             return (
-                "a symbolic M without CUDA graphs keeps the Triton op's host branch (dequant + cuBLAS above its "
-                "crossover): the CUTLASS branch is measured and tested under CUDA graphs only"
+                "a symbolic M without CUDA graphs in a Python-wrapper compile keeps the Triton op's host branch "
+                "(dequant + cuBLAS above its crossover): the CUTLASS branch is measured and tested under CUDA "
+                "graphs and AOTInductor"
             )
         return None  # the Triton op up to lo - 1, this GEMM above: launches gated by M (emit.cutlass)
     m = int(rec.m)

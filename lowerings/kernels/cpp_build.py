@@ -9,7 +9,7 @@ half-built library.
 Every library built here registers its operators through a gate (`_GATE_HEADER`, force-included into each
 source), so loading one whose operators are already registered (`import qlower` and libqlower_ops.so, or two
 copies of one library) registers nothing and says why, instead of aborting the process
-(tests/test_native_library.py).
+(tests/lowerings/kernels/test_native_library.py).
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ spec = json.loads(sys.argv[1])
 path = ce.load(name=spec["name"], sources=spec["sources"], build_directory=spec["dir"],
                is_python_module=False,
                extra_cflags=["-O2", "-fopenmp", f"-fmacro-prefix-map={spec['dir']}/=", *spec["cflags"]],
-               extra_ldflags=spec["ldflags"] + ["-fopenmp"], verbose=False)
+               extra_ldflags=spec["objects"] + spec["ldflags"] + ["-fopenmp"], verbose=False)
 objects = [os.path.join(spec["dir"], os.path.splitext(os.path.basename(s))[0] + ".o") for s in spec["sources"]]
-subprocess.run(["ar", "rcs", spec["archive"], *objects], check=True)
+subprocess.run(["ar", "rcs", spec["archive"], *objects, *spec["objects"]], check=True)
 print(path)
 """
 
@@ -212,20 +212,29 @@ def _gate_files(library: str) -> dict[str, str]:
     return dict(zip(GATE_FILES, (_GATE_HEADER, _GATE_SOURCE.replace("@LIBRARY@", library)), strict=True))
 
 
-def _digest(files: dict[str, str], extra_sources: tuple[Path, ...]) -> str:
-    """Names the build folder: the sources, and the recipe that builds them."""
+def _digest(files: dict[str, str], extra_sources: tuple[Path, ...], extra_objects: tuple[Path, ...]) -> str:
+    """Names the build folder: the sources, the objects linked in (by path: they sit in folders named by
+    their own sources' digest), and the recipe that builds them."""
     digest = hashlib.sha256(_BUILD_SCRIPT.encode() + b"\0")
     for fname in sorted(files):
         digest.update(fname.encode() + b"\0" + files[fname].encode() + b"\0")
     for src in extra_sources:
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    for obj in extra_objects:
+        digest.update(str(obj).encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
-def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()) -> Library:
-    """Build `lib<name>.so` and `lib<name>.a` from `files` (generated sources) in a folder named by content."""
+def build(
+    name: str,
+    files: dict[str, str],
+    extra_sources: tuple[Path, ...] = (),
+    extra_objects: tuple[Path, ...] = (),
+) -> Library:
+    """Build `lib<name>.so` and `lib<name>.a` from `files` (generated sources) in a folder named by content;
+    `extra_objects` (compiled elsewhere, e.g. by nvcc) are linked into both."""
     files = {**_gate_files(f"lib{name}.so"), **files}
-    folder = cache_root() / f"{name}-{_digest(files, extra_sources)}"
+    folder = cache_root() / f"{name}-{_digest(files, extra_sources, extra_objects)}"
     lib = Library(folder / f"lib{name}.so")
     if lib.path.exists() and lib.archive.exists():
         return lib
@@ -241,6 +250,7 @@ def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()
             "sources": sources,
             "dir": str(work),
             "archive": str(work / lib.archive.name),
+            "objects": [str(o) for o in extra_objects],
             # --as-needed drops libtorch_python, which cpp_extension always adds: a C++ process has no Python.
             "ldflags": ["-Wl,--as-needed", f"-Wl,-soname,lib{name}.so"],
             "cflags": ["-include", str(work / GATE_FILES[0])],
@@ -267,19 +277,23 @@ def build(name: str, files: dict[str, str], extra_sources: tuple[Path, ...] = ()
 
 
 NATIVE_SOURCES = ("woq_gemm.cpp", "int8_gemm.cpp")
+# The CUTLASS op's kernel: it calls the CUTLASS library's objects, so its shim has a library of its own
+# (lowerings/aoti/build.py, `cutlass_shim_library`), and it includes generated headers (`kernel_only_sources`).
+CUTLASS_KERNEL_SOURCE = "cuda/woq_int8_cutlass.cpp"
 ANY_DEVICE = "*"
 # qlower ops whose kernel is a C++ function of csrc/ named like the op (`qlower::woq_int8_gemm`): op ->
 # (device, or ANY_DEVICE for a kernel of aten calls alone; source). The C shims of those devices call the
 # function itself, compiled into the shim library (`#define QLOWER_KERNEL_ONLY`, nothing registered), so a
 # package runs the kernel from its own wrapper: no dispatcher, no qlower op registered, no library to build
 # where the package loads (lowerings/aoti/codegen.py). Every op a package can call is here
-# (tests/test_aoti_shims.py::test_every_shimmed_qlower_op_calls_its_kernel_directly).
+# (tests/integrations/aoti/test_aoti_shims.py::test_every_shimmed_qlower_op_calls_its_kernel_directly).
 DIRECT_KERNELS: dict[str, tuple[str, str]] = {
     "qlower::woq_int8_gemm": ("cpu", "woq_gemm.cpp"),
     "qlower::int8_gemm": ("cpu", "int8_gemm.cpp"),
     "qlower::woq_int8_mm_by_m": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::int8_mm_min_m": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::mx_bytes": (ANY_DEVICE, "qlower_ops.cpp"),
+    "qlower::woq_int8_cutlass": ("cuda", CUTLASS_KERNEL_SOURCE),
 }
 
 
@@ -292,11 +306,17 @@ def direct_kernel(op: str, device: str) -> str | None:
 
 
 def kernel_only_sources(names: list[str]) -> dict[str, str]:
-    """Generated files holding the NATIVE_SOURCES `names` as kernels alone (no op registration)."""
-    return {
+    """Generated files holding the csrc/ sources `names` as kernels alone (no op registration), with the
+    headers they include that are generated (the CUTLASS kernel's configuration table and entry points)."""
+    files = {
         f"qlower_kernel_{Path(name).stem}.cpp": "#define QLOWER_KERNEL_ONLY 1\n" + (CSRC / name).read_text()
         for name in names
     }
+    if CUTLASS_KERNEL_SOURCE in names:
+        from qlower.lowerings.kernels.cutlass import cpp_sources
+
+        files.update(cpp_sources.generated_files())
+    return files
 
 
 def native_library() -> Library:

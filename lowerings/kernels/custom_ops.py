@@ -172,17 +172,15 @@ def _(x: torch.Tensor, w_nk: torch.Tensor, max_m: int) -> torch.Tensor:
 int8_gemm = torch.ops.qlower.int8_gemm.default
 
 # Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
-# cache, or a ctypes-loaded CUDA library: `devices/cuda_cutlass.py` refuses AOTI compiles): they never reach a
-# package, so they get no C shim and no C++ kernel.
+# cache): they never reach a package, so they get no C shim and no C++ kernel.
 PYTHON_RUNTIME_ONLY = frozenset(
     {
         "qlower::qlinear_u8_cached",
         "qlower::int8_weight_mm",
         "qlower::int8_scaled_weight_mm",
-        "qlower::woq_int8_cutlass",
     }
 )
 
 # qlower's operators are registered now: a qlower library loaded after this point would define them again, and
-# registers nothing; torch.ops.load_library says so (lowerings/kernels/native.py, tests/test_native_library.py).
+# registers nothing; torch.ops.load_library says so (lowerings/kernels/native.py, tests/lowerings/kernels/test_native_library.py).
 native.check_library_loads()

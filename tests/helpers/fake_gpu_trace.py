@@ -35,3 +35,18 @@ def fake_woq_graph(
         w = torch.empty(n, k, dtype=torch.int8, device=device)
         s = torch.empty(n, dtype=dtype, device=device)
         return make_fx(woq, decomposition_table=select_decomp_table())(x, w, s)
+
+
+def symbolic_m_woq_graph(k: int, n: int) -> torch.fx.GraphModule:
+    """A woq-int8 graph on fake CUDA tensors whose M is a size symbol (a dynamic batch)."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(4, ConstantSource("m")), hint=4)
+    with FakeTensorMode(shape_env=env):
+        x = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(n, k, dtype=torch.int8, device="cuda")
+        s = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+
+    return make_fx(woq, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(x, w, s)

@@ -394,6 +394,31 @@ def test_public_api_imports_no_package_at_module_level():
     assert not _imports(ROOT / "qlower" / "__init__.py", top_level_only=True)
 
 
+def test_checkout_root_on_the_path_imports_the_sub_packages():
+    """With the checkout's root first on sys.path (pytest's rootdir insertion, `python -P -m pytest` after a
+    non-editable install), `qlower` is the root's qlower/ folder and its sub-packages still resolve to the
+    root's passes/, patterns/ and lowerings/ folders."""
+    script = (
+        "import sys; sys.path[:0] = [sys.argv[1]]\n"
+        "import importlib.util, qlower\n"
+        "specs = [importlib.util.find_spec(f'qlower.{p}') for p in ('passes', 'patterns', 'lowerings')]\n"
+        "print(qlower.__file__); print(*(s.origin for s in specs), sep='\\n')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", script, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split()
+    assert Path(lines[0]) == ROOT / "qlower" / "__init__.py"
+    assert [Path(p) for p in lines[1:]] == [
+        ROOT / f / "__init__.py" for f in ("passes", "patterns", "lowerings")
+    ]
+
+
 def _run_fresh(script: str) -> list[str]:
     """Run `script` in a fresh interpreter; the qlower modules it left loaded."""
     tail = (

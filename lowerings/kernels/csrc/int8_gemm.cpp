@@ -23,7 +23,7 @@
 // Built twice, like woq_gemm.cpp: into libqlower_native.so (QLOWER_IN_PROCESS: `qlower_native::int8_gemm` and
 // the CPU kernel of `qlower::int8_gemm`, whose schema qlower's Python defines in
 // lowerings/kernels/custom_ops.py) and into libqlower_ops.so / the AOTInductor shim library.
-// Tests: tests/test_cpu_int8_gemm.py.
+// Tests: tests/lowerings/kernels/test_cpu_int8_gemm.py.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
@@ -308,7 +308,7 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, int64_t max_m)
               "qlower::int8_gemm: x and w_nk must be int8, got ", x.scalar_type(), " and ", w_nk.scalar_type());
   const int64_t M = x.size(0), K = x.size(1), N = w_nk.size(0);
   TORCH_CHECK(w_nk.size(1) == K, "qlower::int8_gemm: x is [", M, ", ", K, "] but w_nk is ", w_nk.sizes());
-  if (M > max_m && K > 1) {  // K = 1: CPU `_int_mm` misreads the [1, N] operand (tests/test_cpu_int8_gemm.py)
+  if (M > max_m && K > 1) {  // K = 1: CPU `_int_mm` misreads the [1, N] operand (tests/lowerings/kernels/test_cpu_int8_gemm.py)
     return at::_int_mm(x, w_nk.t());
   }
   if (M == 0 || N == 0 || K == 0) {

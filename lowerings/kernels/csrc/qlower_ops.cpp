@@ -1,10 +1,10 @@
 // C++ kernels of qlower's ops that reach AOTInductor packages, on any device (they call aten ops only).
 // Built twice: with QLOWER_KERNEL_ONLY into each device's shim library, whose shims call these functions
 // directly (cpp_build.DIRECT_KERNELS), so a package runs them from its own wrapper with no qlower op
-// registered (tests/test_aoti_portable.py); and into libqlower_ops.so, which registers them under `qlower`
+// registered (tests/integrations/aoti/test_aoti_portable.py); and into libqlower_ops.so, which registers them under `qlower`
 // for the proxy executor and C++ deployments (schemas generated from the Python registrations in
 // lowerings/kernels/custom_ops.py, lowerings/aoti/build.py). Each kernel must compute exactly what its Python
-// implementation computes (tests/test_aoti_export.py::test_package_runs_without_qlower_python_on_the_cpp_ops_library).
+// implementation computes (tests/integrations/aoti/test_aoti_export.py::test_package_runs_without_qlower_python_on_the_cpp_ops_library).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/_weight_int8pack_mm.h>

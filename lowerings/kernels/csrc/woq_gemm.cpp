@@ -50,7 +50,7 @@
 // Built twice: into libqlower_ops.so (lowerings/aoti/build.py; the schema comes from the Python registration in
 // lowerings/kernels/custom_ops.py), and, with QLOWER_IN_PROCESS defined, into libqlower_native.so under the
 // private namespace `qlower_native`, which qlower's Python op calls (lowerings/kernels/native.py).
-// Tests: tests/test_cpu_woq_gemm.py.
+// Tests: tests/lowerings/kernels/test_cpu_woq_gemm.py.
 #ifndef QLOWER_WOQ_GEMM_BODY
 
 #include <ATen/Parallel.h>

@@ -196,6 +196,21 @@ def build(
 _LOCK = threading.Lock()
 
 
+def objects() -> list[Path] | str:
+    """The library's objects, one per configuration (linked into AOTInductor packages with the CUTLASS op's C
+    shim, lowerings/aoti/build.py), or why there are none."""
+    lib = library()
+    if isinstance(lib, str):
+        return lib
+    found = [lib.parent / f"{cfg.name}.o" for cfg in W8A16_CONFIGS]
+    if not all(o.is_file() for o in found):
+        return (
+            f"{lib.parent} holds the library without its objects (a prebuilt QLOWER_CUTLASS_LIBRARY): "
+            "AOTInductor packages need nvcc and CUTLASS here (`pip install 'qlower[cuda]'`)"
+        )
+    return found
+
+
 @functools.cache
 def library() -> Path | str:
     """The W8A16 library's path (prebuilt, cached, or built now, once per process), or why there is none."""

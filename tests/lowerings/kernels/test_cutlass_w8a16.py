@@ -17,7 +17,7 @@ import qlower
 from qlower.lowerings.devices.cuda import override_cuda_capability
 from qlower.lowerings.kernels.cutlass import build, configs
 from qlower.testing import apply_pass, graph_summary
-from tests.helpers.fake_gpu_trace import fake_woq_graph
+from tests.helpers.fake_gpu_trace import fake_woq_graph, symbolic_m_woq_graph
 
 BF16 = torch.bfloat16
 LOWERING = "cutlass.woq_int8_w8a16"
@@ -91,27 +91,6 @@ def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
     assert report.entries[0].lowering == "dequant_mm", report.table()
     why = dict(report.entries[0].passed_over)[LOWERING]
     assert "nvcc" in why and "qlower[cuda]" in why, why
-
-
-def symbolic_m_woq_graph(k: int, n: int) -> torch.fx.GraphModule:
-    """A woq-int8 graph on fake CUDA tensors whose M is a size symbol (a dynamic batch)."""
-    from torch._dynamo.source import ConstantSource
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    env = ShapeEnv()
-    m = env.create_symintnode(env.create_symbol(4, ConstantSource("m")), hint=4)
-    with FakeTensorMode(shape_env=env):
-        x = torch.empty(m, k, dtype=BF16, device="cuda")
-        w = torch.empty(n, k, dtype=torch.int8, device="cuda")
-        s = torch.empty(n, dtype=BF16, device="cuda")
-
-    def woq(x, w, s):
-        return torch.nn.functional.linear(x, w.to(x.dtype)) * s
-
-    return make_fx(woq, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(x, w, s)
 
 
 def test_symbolic_m_takes_cutlass_under_cuda_graphs_only(built):

@@ -7,11 +7,11 @@
 // The per-channel scale is per row of D', applied to the fp32 accumulator in the epilogue together with the
 // bias (one rounding to x's type), as CUTLASS's PerRowLinCombPerRowBias fusion does.
 //
-// One configuration per object: the build (lowerings/kernels/cuda_build.py) compiles this file once per
-// entry of lowerings/kernels/cutlass_configs.py, each with -DQLOWER_NAME, the tile, the cluster and the
+// One configuration per object: the build (lowerings/kernels/cutlass/build.py) compiles this file once per
+// entry of lowerings/kernels/cutlass/configs.py, each with -DQLOWER_NAME, the tile, the cluster and the
 // schedule as macros, in parallel, and links the objects into one library. Each object exports
 // `qlower_w8a16_sm90_<NAME>`: a plain C entry point (no torch headers), called from Python through ctypes
-// and from an AOTInductor C shim alike.
+// (cutlass/w8a16.py) and from the AOTInductor C shim's kernel (woq_int8_cutlass.cpp) alike.
 
 #include <cstdint>
 
@@ -32,7 +32,7 @@
 #include "w8a16_sm90.h"
 
 #ifndef QLOWER_NAME
-#error "compile with -DQLOWER_NAME=<config> and the tile macros (lowerings/kernels/cuda_build.py)"
+#error "compile with -DQLOWER_NAME=<config> and the tile macros (lowerings/kernels/cutlass/build.py)"
 #endif
 
 using namespace cute;

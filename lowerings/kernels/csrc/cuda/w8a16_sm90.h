@@ -1,5 +1,5 @@
 // The C ABI of qlower's W8A16 GEMM objects (w8a16_sm90.cu): one struct, one entry point per configuration.
-// Mirrored by lowerings/kernels/cutlass_w8a16.py (ctypes); a new field is appended, never inserted.
+// Mirrored by lowerings/kernels/cutlass/w8a16.py (ctypes) and woq_int8_cutlass.cpp; a new field is appended, never inserted.
 #pragma once
 #include <stdint.h>
 
