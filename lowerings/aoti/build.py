@@ -54,15 +54,19 @@ def separate_shim_library(op: str) -> Library:
         device, [o for o in ops.separate_library_ops(device) if o.qualified == op], direct_kernels=True
     )
     objects = cutlass_build.objects()
-    if isinstance(objects, str):
-        raise BuildError(f"qlower: no C shim for {op}: {objects}")
+    cudart = cutlass_build.cudart_link_flags()
+    for why in (objects, cudart):
+        if isinstance(why, str):
+            raise BuildError(f"qlower: no C shim for {op}: {why}")
     name = op.split("::", 1)[1]
     files = {
         codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
         f"qlower_c_shim_{device}_{name}.cpp": codegen.render_source(shim_plan, "custom-ops"),
         **kernel_only_sources(shim_plan.kernel_sources),
     }
-    return build(f"qlower_aoti_shims_{device}_{name}", files, extra_objects=tuple(objects))
+    return build(
+        f"qlower_aoti_shims_{device}_{name}", files, extra_objects=tuple(objects), link_flags=tuple(cudart)
+    )
 
 
 def render_op_definitions() -> str:

@@ -44,6 +44,7 @@ class Library:
     """A built shared library, its static archive next to it, and how AOTInductor links them."""
 
     path: Path
+    link_flags: tuple[str, ...] = ()  # what the objects inside need besides torch (the CUDA runtime, say)
 
     @property
     def name(self) -> str:
@@ -64,7 +65,8 @@ class Library:
         them (`--exclude-libs`) binds the wrapper's calls to its own copy, never to another package's.
         """
         folder = shlex.quote(str(self.path.parent))
-        return f":{self.archive.name} -L{folder} -Wl,--exclude-libs,{self.archive.name}"
+        extra = "".join(f" {shlex.quote(f)}" for f in self.link_flags)
+        return f":{self.archive.name} -L{folder} -Wl,--exclude-libs,{self.archive.name}{extra}"
 
 
 # -fopenmp: ATen's `at::parallel_for` is an inline OpenMP loop in torch's OpenMP builds (ATen/ParallelOpenMP.h),
@@ -212,7 +214,12 @@ def _gate_files(library: str) -> dict[str, str]:
     return dict(zip(GATE_FILES, (_GATE_HEADER, _GATE_SOURCE.replace("@LIBRARY@", library)), strict=True))
 
 
-def _digest(files: dict[str, str], extra_sources: tuple[Path, ...], extra_objects: tuple[Path, ...]) -> str:
+def _digest(
+    files: dict[str, str],
+    extra_sources: tuple[Path, ...],
+    extra_objects: tuple[Path, ...],
+    link_flags: tuple[str, ...] = (),
+) -> str:
     """Names the build folder: the sources, the objects linked in (by path: they sit in folders named by
     their own sources' digest), and the recipe that builds them."""
     digest = hashlib.sha256(_BUILD_SCRIPT.encode() + b"\0")
@@ -222,6 +229,8 @@ def _digest(files: dict[str, str], extra_sources: tuple[Path, ...], extra_object
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
     for obj in extra_objects:
         digest.update(str(obj).encode() + b"\0")
+    for flag in link_flags:
+        digest.update(flag.encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -230,12 +239,14 @@ def build(
     files: dict[str, str],
     extra_sources: tuple[Path, ...] = (),
     extra_objects: tuple[Path, ...] = (),
+    link_flags: tuple[str, ...] = (),
 ) -> Library:
     """Build `lib<name>.so` and `lib<name>.a` from `files` (generated sources) in a folder named by content;
-    `extra_objects` (compiled elsewhere, e.g. by nvcc) are linked into both."""
+    `extra_objects` (compiled elsewhere, e.g. by nvcc) are linked into both, `link_flags` into the shared
+    library and into every wrapper that links the archive (`Library.custom_op_libs_entry`)."""
     files = {**_gate_files(f"lib{name}.so"), **files}
-    folder = cache_root() / f"{name}-{_digest(files, extra_sources, extra_objects)}"
-    lib = Library(folder / f"lib{name}.so")
+    folder = cache_root() / f"{name}-{_digest(files, extra_sources, extra_objects, link_flags)}"
+    lib = Library(folder / f"lib{name}.so", link_flags)
     if lib.path.exists() and lib.archive.exists():
         return lib
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +263,7 @@ def build(
             "archive": str(work / lib.archive.name),
             "objects": [str(o) for o in extra_objects],
             # --as-needed drops libtorch_python, which cpp_extension always adds: a C++ process has no Python.
-            "ldflags": ["-Wl,--as-needed", f"-Wl,-soname,lib{name}.so"],
+            "ldflags": ["-Wl,--as-needed", f"-Wl,-soname,lib{name}.so", *link_flags],
             "cflags": ["-include", str(work / GATE_FILES[0])],
         }
         proc = subprocess.run(

@@ -122,6 +122,38 @@ def toolchain() -> Toolchain | str:
     return Toolchain(nvcc, includes)
 
 
+def _cuda_major(tc: Toolchain) -> str:
+    """The CUDA major version whose runtime the process has: torch's, else the compiler's."""
+    import torch
+
+    if torch.version.cuda:
+        return torch.version.cuda.split(".")[0]
+    release = tc.versions.split("release ", 1)[-1]
+    return release.split(".", 1)[0] if release[:1].isdigit() else "13"
+
+
+def cudart_link_flags(tc: Toolchain | str | None = None) -> list[str] | str:
+    """The linker flags that make a library of the objects need the CUDA runtime torch loaded: its soname
+    (`libcudart.so.<major>`), from the first folder holding it (torch's `nvidia` packages, then the compiler's
+    toolkit), so the loader binds it to the runtime already in the process. Or why there is none."""
+    tc = toolchain() if tc is None else tc
+    if isinstance(tc, str):
+        return tc
+    name = f"libcudart.so.{_cuda_major(tc)}"
+    folders = [
+        root / sub / "lib"
+        for root in _package_dirs("nvidia")
+        for sub in (f"cu{_cuda_major(tc)}", "cuda_runtime")
+    ]
+    folders += [tc.nvcc.parent.parent / "lib64", tc.nvcc.parent.parent / "lib"]
+    if os.environ.get("CUDA_HOME"):
+        folders.append(Path(os.environ["CUDA_HOME"]) / "lib64")
+    found = next((f for f in folders if (f / name).is_file()), None)
+    if found is None:
+        return f"{name} not found beside torch's CUDA packages or {tc.nvcc.parent.parent}"
+    return [f"-L{found}", f"-l:{name}"]
+
+
 class CudaBuildError(RuntimeError):
     """nvcc failed on one of qlower's CUDA sources."""
 
@@ -208,7 +240,8 @@ def objects() -> list[Path] | str:
             f"{lib.parent} holds the library without its objects (a prebuilt QLOWER_CUTLASS_LIBRARY): "
             "AOTInductor packages need nvcc and CUTLASS here (`pip install 'qlower[cuda]'`)"
         )
-    return found
+    cudart = cudart_link_flags()
+    return f"the objects call the CUDA runtime, and {cudart}" if isinstance(cudart, str) else found
 
 
 @functools.cache

@@ -130,6 +130,43 @@ def test_library_build_says_why_without_objects(monkeypatch):
         build.separate_shim_library(OP)
 
 
+def test_library_links_the_cuda_runtime_by_soname(monkeypatch):
+    """The objects call the CUDA runtime: the shim library and every wrapper linking its archive need
+    `libcudart.so.<major>`, bound at load time to the runtime torch loaded (no path of this machine kept)."""
+    objs = [Path("/cache/cutlass/cfg.o")]
+    flags = ["-L/toolkit/lib64", "-l:libcudart.so.13"]
+    monkeypatch.setattr(cutlass_build, "objects", lambda: objs)
+    monkeypatch.setattr(cutlass_build, "cudart_link_flags", lambda: flags)
+    calls = []
+
+    def fake_build(name, files, extra_objects=(), link_flags=()):
+        calls.append((name, sorted(files), extra_objects, link_flags))
+        return cpp_build.Library(Path(f"/cache/lib{name}.so"), link_flags)
+
+    monkeypatch.setattr(build, "build", fake_build)
+    lib = build.separate_shim_library(OP)
+    ((name, files, extra_objects, link_flags),) = calls
+    assert name == "qlower_aoti_shims_cuda_woq_int8_cutlass" and extra_objects == tuple(objs)
+    assert link_flags == tuple(flags) and "qlower_kernel_woq_int8_cutlass.cpp" in files
+    assert lib.custom_op_libs_entry().endswith(" -L/toolkit/lib64 -l:libcudart.so.13")
+
+
+def test_cudart_is_the_major_version_torch_runs(monkeypatch, tmp_path):
+    tc = cutlass_build.toolchain()
+    if isinstance(tc, str):
+        pytest.skip(tc)
+    lib = tmp_path / "lib64"
+    lib.mkdir()
+    (lib / "libcudart.so.13").write_bytes(b"")
+    monkeypatch.setattr(cutlass_build, "_package_dirs", lambda name: [])
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert cutlass_build.cudart_link_flags(tc)[-1] == "-l:libcudart.so.13"
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    why = cutlass_build.cudart_link_flags(tc)
+    assert isinstance(why, str) and "libcudart.so.12 not found" in why
+
+
 def _graph_calling_the_op_in_a_branch() -> fx.GraphModule:
     from torch._subclasses.fake_tensor import FakeTensorMode
 

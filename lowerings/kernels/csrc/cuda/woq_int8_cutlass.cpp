@@ -5,10 +5,14 @@
 // kernel's layout, the configuration of the tuned table (qlower_cutlass_choices.h, generated from
 // cutlass/configs.py), the workspace query, the launch on the current stream.
 //
-// No CUDA header is needed: the stream comes from AOTInductor's C ABI, the GPU's name and multiprocessor count
-// from the driver (libcuda, which a CUDA package links).
+// No CUDA header and no link-time dependency on torch_cuda or the driver: the stream comes from AOTInductor's
+// C ABI (`aoti_torch_get_current_cuda_stream`, in the libtorch_cuda any CUDA process running a package has
+// loaded), the GPU's name and multiprocessor count from the driver (libcuda.so.1), both looked up at the first
+// call. The library's objects call the CUDA runtime, which the shim library links (libcudart, resolved to the
+// one torch loaded: cutlass/build.py, `cudart_link_flags`).
 
 #include <ATen/ATen.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <mutex>
@@ -18,14 +22,37 @@
 #include "qlower_cutlass_choices.h"
 #include "qlower_cutlass_entries.h"
 
-extern "C" {
-int32_t aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
-int cuDeviceGetName(char* name, int len, int device);
-int cuDeviceGetAttribute(int* value, int attribute, int device);
-}
-
 namespace qlower {
 namespace {
+
+using CurrentStreamFn = int32_t (*)(int32_t device_index, void** ret_stream);
+using DeviceGetNameFn = int (*)(char* name, int len, int device);
+using DeviceGetAttributeFn = int (*)(int* value, int attribute, int device);
+
+// `symbol` of a loaded library (matched by soname), else of the process's global scope, else nullptr;
+// `load`: open the library when no one has yet (the driver, present wherever CUDA runs).
+void* find_symbol(const char* library, const char* symbol, bool load) {
+  void* handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr && load) {
+    handle = dlopen(library, RTLD_LAZY);
+  }
+  void* found = handle != nullptr ? dlsym(handle, symbol) : nullptr;
+  return found != nullptr ? found : dlsym(RTLD_DEFAULT, symbol);
+}
+
+template <typename Fn>
+Fn required_symbol(const char* library, const char* symbol, bool load) {
+  void* found = find_symbol(library, symbol, load);
+  TORCH_CHECK(found != nullptr, "qlower::woq_int8_cutlass: ", symbol, " not found (", library,
+              " is not loaded in this process)");
+  return reinterpret_cast<Fn>(found);
+}
+
+CurrentStreamFn current_stream_fn() {
+  static const CurrentStreamFn fn =
+      required_symbol<CurrentStreamFn>("libtorch_cuda.so", "aoti_torch_get_current_cuda_stream", false);
+  return fn;
+}
 
 constexpr int kMaxDevices = 64;
 constexpr int kAttributeMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -41,12 +68,15 @@ const DeviceFacts& device_facts(int index) {
   static std::once_flag once[kMaxDevices];
   TORCH_CHECK(index >= 0 && index < kMaxDevices, "qlower::woq_int8_cutlass: CUDA device index ", index);
   std::call_once(once[index], [index] {
+    const auto get_name = required_symbol<DeviceGetNameFn>("libcuda.so.1", "cuDeviceGetName", true);
+    const auto get_attribute =
+        required_symbol<DeviceGetAttributeFn>("libcuda.so.1", "cuDeviceGetAttribute", true);
     char name[256] = {0};
-    if (cuDeviceGetName(name, sizeof(name) - 1, index) == 0) {
+    if (get_name(name, sizeof(name) - 1, index) == 0) {
       facts[index].name = name;
     }
     int sms = 0;
-    if (cuDeviceGetAttribute(&sms, kAttributeMultiprocessorCount, index) == 0) {
+    if (get_attribute(&sms, kAttributeMultiprocessorCount, index) == 0) {
       facts[index].sm_count = sms;
     }
   });
@@ -118,7 +148,7 @@ at::Tensor woq_int8_cutlass(const at::Tensor& x, const at::Tensor& w, const at::
   const DeviceFacts& facts = device_facts(device);
   const qlower_cutlass::Choice choice = qlower_cutlass::choose(facts.name.c_str(), m, n, k);
   void* stream = nullptr;
-  TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == 0, op, "no current CUDA stream");
+  TORCH_CHECK(current_stream_fn()(device, &stream) == 0, op, "no current CUDA stream");
 
   QlowerW8A16Args args{};
   args.x = xr.data_ptr();
