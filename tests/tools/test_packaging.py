@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -64,6 +65,15 @@ def test_patterns_hold_no_device_names():
 
 
 def test_wheel_maps_folders_into_one_package(tmp_path):
+    # from a copy of the sources: a build/ folder of an earlier build would hand setuptools stale files
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".whl", "build", "dist", "*.egg-info", "__pycache__", "bench-out", ".devcarry"
+        ),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -75,7 +85,7 @@ def test_wheel_maps_folders_into_one_package(tmp_path):
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         capture_output=True,
@@ -92,9 +102,18 @@ def test_wheel_maps_folders_into_one_package(tmp_path):
         "qlower/lowerings/kernels/csrc/woq_gemm.cpp",
     ):
         assert must in names
-    tuned = sorted(
-        p.relative_to(ROOT).as_posix() for p in (ROOT / "lowerings/kernels/triton/tuned").glob("*.json")
+    # every data file the package reads at run time: the kernel sources qlower builds at first use (C++ and
+    # CUDA, lowerings/kernels/cpp_build.py and cutlass/build.py) and the tuned tables read at import
+    data = sorted(
+        p.relative_to(ROOT).as_posix()
+        for pattern in (
+            "lowerings/kernels/csrc/**/*",
+            "lowerings/kernels/**/tuned/*.json",
+            "lowerings/aoti/abi.lock",
+        )
+        for p in ROOT.glob(pattern)
+        if p.is_file() and "__pycache__" not in p.parts
     )
-    assert tuned, "no tuned data files"
-    for path in tuned:  # the tuned config tables, read at import (lowerings/kernels/triton/tuned.py)
+    assert any(p.endswith(".cu") for p in data) and any(p.endswith("tuned/h100.json") for p in data), data
+    for path in data:  # the tuned config tables, read at import (lowerings/kernels/triton/tuned.py)
         assert f"qlower/{path}" in names, path

@@ -16,6 +16,7 @@ puts in the report, and the Triton lowerings stay in charge.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -168,8 +169,10 @@ def compile_command(tc: Toolchain, cfg: Config, out: Path) -> list[str]:
 
 
 def _digest(tc: Toolchain, configs: tuple[Config, ...]) -> str:
+    """Names the build folder: what nvcc reads (the .cu and .h files; not the C++ of the AOTInductor shim
+    beside them), the flags, the configurations and the toolchain."""
     h = hashlib.sha256()
-    for src in sorted(CUDA_SRC.iterdir()):
+    for src in sorted(p for p in CUDA_SRC.iterdir() if p.suffix in (".cu", ".h")):
         h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
     h.update(repr((NVCC_FLAGS, [c.macros() for c in configs], tc.versions)).encode())
     return h.hexdigest()[:16]
@@ -200,6 +203,17 @@ def build(
     if lib.exists():
         return lib
     folder.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time per cache, across processes: concurrent first uses (pytest workers, ranks of a
+    # tensor-parallel job) would each start one nvcc per configuration, gigabytes each; they wait and load.
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        return _build_locked(tc, configs, folder, jobs, log)
+
+
+def _build_locked(tc: Toolchain, configs: tuple[Config, ...], folder: Path, jobs: int | None, log) -> Path:
+    lib = folder / LIBRARY_NAME
     jobs = jobs or min(len(configs), os.cpu_count() or 1)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:

@@ -313,3 +313,55 @@ def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
             assert bool(
                 ((out.double() - ref).abs() <= _bound(x, w, s, BF16) * 2 + ref.abs() * 2**-8).all()
             ), m
+
+
+def _fake_toolchain(tmp_path: Path) -> build.Toolchain:
+    return build.Toolchain(Path("/bin/true"), (tmp_path / "include",))
+
+
+def test_build_folder_ignores_the_aoti_shim_source(tmp_path):
+    """The nvcc objects depend on the .cu and .h files alone: the C++ of the AOTInductor shim beside them
+    (csrc/cuda/woq_int8_cutlass.cpp) is not part of their digest, so a copy that lacks it or edits it
+    finds the same build."""
+    tc = _fake_toolchain(tmp_path)
+    names = {p.name for p in build.CUDA_SRC.iterdir()}
+    assert "woq_int8_cutlass.cpp" in names and "w8a16_sm90.cu" in names
+    digest = build._digest(tc, configs.W8A16_CONFIGS)
+    real_read = Path.read_bytes
+
+    def edited(path: Path) -> bytes:
+        data = real_read(path)
+        return data + b"// edited" if path.suffix == ".cpp" else data
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "read_bytes", edited)
+        assert build._digest(tc, configs.W8A16_CONFIGS) == digest
+        mp.setattr(Path, "read_bytes", lambda p: real_read(p) + (b"// edited" if p.suffix == ".cu" else b""))
+        assert build._digest(tc, configs.W8A16_CONFIGS) != digest
+
+
+def test_concurrent_first_uses_build_once(tmp_path, monkeypatch):
+    """Processes (here threads, each with its own lock file handle) that find no build wait for the one
+    building, then load its library: one set of nvcc jobs, not one per process."""
+    import threading
+    import time
+
+    monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path / "cache"))
+    tc = _fake_toolchain(tmp_path)
+    built = []
+
+    def fake_build(tc, cfgs, folder, jobs, log):
+        built.append(folder)
+        time.sleep(0.5)
+        folder.mkdir(parents=True)
+        (folder / build.LIBRARY_NAME).write_bytes(b"")
+        return folder / build.LIBRARY_NAME
+
+    monkeypatch.setattr(build, "_build_locked", fake_build)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build.build(tc))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len(results) == 3 and len(set(results)) == 1 and results[0].exists()
