@@ -127,6 +127,30 @@ def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     return None
 
 
+def _gpu_name(rec: QuantLinear) -> tuple[str, bool]:
+    """The record's GPU's name, whether it is that GPU's (else the fallback table's, e.g. a fake-tensor trace)."""
+    from qlower.lowerings.kernels.cutlass import configs
+
+    try:
+        return configs.device_name(rec.device.index or 0), True
+    except (RuntimeError, AssertionError, AttributeError):
+        return configs.FALLBACK_DEVICE, False
+
+
+def cutlass_configuration(rec: QuantLinear) -> str:
+    """The tile, cluster, schedule and split the kernel runs for this record (the tuned table's choice at a
+    static M, `configs.choose`; a symbolic M's is made per call from the same table)."""
+    from qlower.lowerings.kernels.cutlass import configs
+
+    name, own = _gpu_name(rec)
+    table = f"{name}'s table" if own and name in configs.TUNED else f"{configs.FALLBACK_DEVICE}'s table"
+    if not (is_static(rec.m) and is_static(rec.n) and is_static(rec.k)):
+        return f"configuration chosen per call by M from {table} (lowerings/kernels/cutlass/tuned/)"
+    choice = configs.choose(int(rec.m), int(rec.n), int(rec.k), name)
+    split = f", split-K {choice.splits}" if choice.splits else ""
+    return f"configuration {choice.config}{split} ({table})"
+
+
 WOQ_INT8_CUTLASS = Lowering(
     name="cutlass.woq_int8_w8a16",
     family="woq_int8",
@@ -136,4 +160,5 @@ WOQ_INT8_CUTLASS = Lowering(
     available=cutlass_library_built,
     emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_W8A16_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
+    detail=cutlass_configuration,
 )

@@ -91,7 +91,7 @@ FALLBACK_DEVICE = "NVIDIA H200"
 
 
 @functools.cache
-def _device_name(index: int) -> str:
+def device_name(index: int) -> str:
     import torch
 
     return torch.cuda.get_device_name(index)
@@ -114,7 +114,7 @@ def default_choice(m: int, n: int, k: int) -> Choice:
 def choose(m: int, n: int, k: int, device: str | int = 0) -> Choice:
     """The configuration for a static or run-time M on `device` (a GPU's name or CUDA index): its table's range
     holding M, else `default_choice`."""
-    name = _device_name(device) if isinstance(device, int) else device
+    name = device_name(device) if isinstance(device, int) else device
     ranges = table_for(name).get((n, k))
     if ranges:
         for max_m, choice in ranges:

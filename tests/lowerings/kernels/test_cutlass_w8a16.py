@@ -365,3 +365,26 @@ def test_concurrent_first_uses_build_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert len(built) == 1 and len(results) == 3 and len(set(results)) == 1 and results[0].exists()
+
+
+@pytest.mark.parametrize("m", [128, 512, 4096])
+def test_report_names_the_configuration_a_static_m_runs(built, m):
+    """The report's why ends with the tuned table's choice for this M and shape (a fake trace: the fallback
+    GPU's table)."""
+    report = _decide(m=m, k=4096, n=14336)
+    row = report.entries[0]
+    assert row.lowering == LOWERING, report.table()
+    choice = configs.choose(m, 14336, 4096, configs.FALLBACK_DEVICE)
+    split = f", split-K {choice.splits}" if choice.splits else ""
+    assert row.why.endswith(f"[configuration {choice.config}{split} ({configs.FALLBACK_DEVICE}'s table)]"), (
+        row.why
+    )
+
+
+def test_report_says_a_symbolic_m_chooses_per_call(built):
+    from torch._inductor import config as inductor_config
+
+    gm = symbolic_m_woq_graph(k=4096, n=1024)
+    with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
+        row = apply_pass(gm).entries[0]
+    assert row.lowering == LOWERING and "configuration chosen per call by M" in row.why, row.why
