@@ -427,14 +427,24 @@ def weight_is_stored(rec: QuantLinear) -> bool:
     return isinstance(rec.weight, fx.Node) and rec.weight.op in ("placeholder", "get_attr")
 
 
-def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
-    """What both u8 qlinear lowerings need: int8 symmetric operands, a VNNI CPU without AMX, oneDNN, M >= 2."""
+# The u8 qlinear on a weight prepacked at compile time (freezing) against s8s8 `_int_mm` and bf16 F.linear on
+# the AMX Xeon (2 threads; BENCHMARKS.md, "CPU, dynamic_int8", "AMX Xeon (the AMX-INT8 tier)", has the table and
+# its command): M = 16-128 1.3-1.8x of bf16 where `_int_mm` runs 0.98-1.28x, M = 1024 1.07-1.17x. The cached
+# prepack (no freezing) compares the weight's bytes every call, which costs more than AMX's GEMM saves
+# (0.52-0.98x of bf16 at M = 16-1024): VNNI CPUs without AMX only.
+QLINEAR_FROZEN_ISAS = ("vnni", "amx")
+QLINEAR_ISA_NAMES = {"vnni": "VNNI CPUs without AMX", "amx": "AMX CPUs"}
+
+
+def _qlinear_u8_rules(rec: QuantLinear, isas: tuple[str, ...] = ("vnni",)) -> str | None:
+    """What both u8 qlinear lowerings need: int8 symmetric operands, a CPU of `isas` (where each was measured
+    faster), oneDNN, M >= 2."""
     why = int8_operands(rec)
     if why:
         return why
     isa = cpu_int8_isa()
-    if isa != "vnni":
-        return f"u8 qlinear measured on VNNI CPUs without AMX only (this CPU: {isa})"
+    if isa not in isas:
+        return f"measured faster on {' and '.join(QLINEAR_ISA_NAMES[i] for i in isas)} only (this CPU: {isa})"
     if not torch.backends.mkldnn.is_available():
         return "oneDNN is not available"
     aq = rec.act_quant
@@ -447,7 +457,7 @@ def _qlinear_u8_rules(rec: QuantLinear) -> str | None:
 
 
 def _supports_cpu_qlinear(rec: QuantLinear) -> str | None:
-    why = _qlinear_u8_rules(rec)
+    why = _qlinear_u8_rules(rec, QLINEAR_FROZEN_ISAS)
     if why:
         return why
     if not weight_is_frozen(rec):

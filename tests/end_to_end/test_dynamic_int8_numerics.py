@@ -217,7 +217,7 @@ def _qlinear_input_dtype(code: str) -> str:
 def test_freezing_picks_u8_qlinear_never_s8():
     """With frozen weights, Inductor rewrites `convert(_int_mm(x, w_const)) * s * s` to an s8 oneDNN qlinear
     (37.5 s for one M=128, 4096^2 call on the CI CPU); qlower emits the u8 qlinear on a weight prepacked at
-    compile time (10.5 ms there; bf16 21.4 ms) on VNNI CPUs, `_int_mm` elsewhere."""
+    compile time (10.5 ms there; bf16 21.4 ms) on VNNI and AMX CPUs, `_int_mm` elsewhere."""
     model = IntMMReciprocal(K, N, bias=True)  # the explicit .to(float32) upstream's pattern needs
     x = _x(5)
     with torch.no_grad(), torch._inductor.config.patch(freezing=True):
@@ -228,13 +228,43 @@ def test_freezing_picks_u8_qlinear_never_s8():
         out, (code,) = run_and_get_code(torch.compile(model, options=qlower.inductor_options()), x)
     assert _qlinear_input_dtype(stock_code) == "int8"  # what freezing does without qlower
     (d,) = qlower.last_report()
-    if cpu_int8_isa() == "vnni":
+    if cpu_int8_isa() in ("vnni", "amx"):
         assert d.lowering == "onednn.qlinear_pointwise.u8"
         assert _qlinear_input_dtype(code) == "uint8" and "ops.onednn.qlinear_prepack" not in code  # folded
     else:
         assert d.lowering == "aten._int_mm" and "qlinear" not in code
     assert "_frozen_param" in code
     check_close(out, eager, model.reference(x))
+
+
+@pytest.mark.parametrize(
+    "isa, want",
+    [
+        ("amx", "onednn.qlinear_pointwise.u8"),
+        ("vnni", "onednn.qlinear_pointwise.u8"),
+        ("none", "aten._int_mm"),
+    ],
+)
+def test_frozen_weight_takes_the_prepacked_qlinear_on_vnni_and_amx(isa, want, monkeypatch):
+    """The compile-time prepacked u8 qlinear where it was measured faster (devices/cpu.py,
+    QLINEAR_FROZEN_ISAS); the run-time cached one stays on VNNI CPUs without AMX (its per-call weight compare
+    costs more than AMX's GEMM saves)."""
+    monkeypatch.setenv("QLOWER_CPU_INT8_ISA", isa)
+    model, x = IntMMReciprocal(K, N, bias=True), _x(5)
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        eager = model(x)
+        torch._dynamo.reset()
+        out = torch.compile(model, options=qlower.inductor_options())(x)
+    (d,) = qlower.last_report()
+    assert d.lowering == want, qlower.last_report().table()
+    check_close(out, eager, model.reference(x))
+    if isa == "amx":
+        with torch.no_grad():
+            torch._dynamo.reset()
+            torch.compile(model, options=qlower.inductor_options())(x)
+        (d,) = qlower.last_report()
+        assert "qlower.qlinear_u8_cached" not in d.lowering
+        assert "measured faster on VNNI CPUs without AMX only (this CPU: amx)" in d.passed_over_text
 
 
 def test_freezing_through_options_only_is_not_frozen(monkeypatch):
