@@ -88,11 +88,6 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
                 f"AOTInductor: packages call the CUTLASS GEMM through its C shim only with {AOTI_OPT_IN}=1 "
                 "(opt-in until its GPU test, tests/integrations/aoti/test_aoti_cutlass.py, passes on sm_90)"
             )
-        from qlower.lowerings.kernels.cutlass import build
-
-        objects = build.objects()
-        if isinstance(objects, str):
-            return f"AOTInductor: the package links the CUTLASS objects, and there are none: {objects}"
     why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
     if why:
         return why
@@ -102,9 +97,15 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
 
 
 def cutlass_library_built() -> str | None:
-    """The library, built at the first choice that takes the kernel (minutes of nvcc, then cached), else why not."""
+    """The library, built at the first choice that takes the kernel (minutes of nvcc, then cached), else why not;
+    under AOTInductor its objects, which the op's C shim links into the package."""
     from qlower.lowerings.kernels.cutlass import build
 
+    if _aoti():
+        objects = build.objects()
+        if isinstance(objects, str):
+            return f"AOTInductor: the package links the CUTLASS objects, and there are none: {objects}"
+        return None
     lib = build.library()
     return lib if isinstance(lib, str) else None
 

@@ -289,7 +289,7 @@ def build(
 
 NATIVE_SOURCES = ("woq_gemm.cpp", "int8_gemm.cpp")
 # The CUTLASS op's kernel: it calls the CUTLASS library's objects, so its shim has a library of its own
-# (lowerings/aoti/build.py, `cutlass_shim_library`), and it includes generated headers (`kernel_only_sources`).
+# (lowerings/aoti/build.py, `separate_shim_library`), and it includes generated headers (`kernel_only_sources`).
 CUTLASS_KERNEL_SOURCE = "cuda/woq_int8_cutlass.cpp"
 ANY_DEVICE = "*"
 # qlower ops whose kernel is a C++ function of csrc/ named like the op (`qlower::woq_int8_gemm`): op ->

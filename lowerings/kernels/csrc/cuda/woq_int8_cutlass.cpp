@@ -1,6 +1,6 @@
-// qlower::woq_int8_cutlass in C++: the kernel the op's AOTInductor C shim calls, compiled with the shim into
-// the CUDA shim library's CUTLASS part together with w8a16_sm90.cu's objects, so a package runs the GEMM from
-// its own wrapper (lowerings/aoti/build.py, `cutlass_shim_library`). Python processes run the op through
+// qlower::woq_int8_cutlass in C++: the kernel the op's AOTInductor C shim calls, compiled with the shim into a
+// library of its own together with w8a16_sm90.cu's objects, so a package runs the GEMM from its own wrapper
+// (lowerings/aoti/build.py, `separate_shim_library`). Python processes run the op through
 // lowerings/kernels/cutlass/w8a16.py; both do the same per call: the operand checks, the copies into the
 // kernel's layout, the configuration of the tuned table (qlower_cutlass_choices.h, generated from
 // cutlass/configs.py), the workspace query, the launch on the current stream.
