@@ -5,8 +5,8 @@ Correct (`supports`): capability 9.0 exactly (the library holds sm_90a code alon
 weight stored [N, K] with K contiguous, K % 16 == 0 and N % 8 == 0 (16-byte TMA rows), a scale of x's
 dtype (or a number that dtype holds exactly), the same fp16 range rules as the Triton kernel, and a built
 library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report); under
-AOTInductor also `QLOWER_AOTI_CUTLASS=1` and the library's objects, which the op's C shim links into the package
-(lowerings/aoti/build.py).
+AOTInductor also the library's objects, which the op's C shim links into the package (lowerings/aoti/build.py;
+tests/integrations/aoti/test_aoti_cutlass.py), unless `QLOWER_AOTI_CUTLASS=0` keeps packages on the Triton kernels.
 Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs or in a
 C++-wrapper compile (AOTInductor, cpp_wrapper: the branch on M is a C++ `if`), which gets qlower's Triton op with
 this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
@@ -33,7 +33,7 @@ from qlower.patterns.graph_utils import is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 
 SM90A = (9, 0)
-AOTI_OPT_IN = "QLOWER_AOTI_CUTLASS"
+AOTI_SWITCH = "QLOWER_AOTI_CUTLASS"
 
 
 def _aoti() -> bool:
@@ -82,12 +82,8 @@ def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
     cap = cuda_capability(rec.device)
     if cap != SM90A:
         return f"the CUTLASS library holds sm_90a code, for capability 9.0 only; this device's is {describe_capability(cap)}"
-    if _aoti():
-        if os.environ.get(AOTI_OPT_IN, "0") != "1":
-            return (
-                f"AOTInductor: packages call the CUTLASS GEMM through its C shim only with {AOTI_OPT_IN}=1 "
-                "(opt-in until its GPU test, tests/integrations/aoti/test_aoti_cutlass.py, passes on sm_90)"
-            )
+    if _aoti() and os.environ.get(AOTI_SWITCH, "1") == "0":
+        return f"AOTInductor: {AOTI_SWITCH}=0 keeps packages on the Triton kernels (no nvcc objects linked)"
     why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
     if why:
         return why

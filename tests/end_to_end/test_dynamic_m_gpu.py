@@ -98,32 +98,37 @@ def test_cuda_graphs_capture_dynamic_m_without_skips(family):
 
 
 def test_dynamic_m_split_k_range_under_cuda_graphs():
-    """At 14336->4096 the static M 3..16 pick splits K in two; a symbolic M under CUDA graphs runs that split
-    launch (its own fp32 buffer, a gated cast into the shared output) at M 3..16 and the other ranges' kernels
-    elsewhere, right at each edge, with the same kernels a static compile at M = 16 emits."""
+    """At 14336->4096 the device's table splits K for some static M bucket (H200: M 3..16 in two, H100:
+    M 17..128 in four); a symbolic M under CUDA graphs runs that split launch (its own fp32 buffer, a gated cast
+    into the shared output) in its range and the other ranges' kernels elsewhere, right at each edge, with the
+    same split a static compile at that M emits."""
     from qlower.lowerings.kernels.triton import configs
 
     k, n = 14336, 4096
-    assert configs.woq_int8_config(16, k, n).split_k == 2
+    split_m = next((m for m in configs.M_BUCKETS if configs.woq_int8_config(m, k, n).split_k > 1), None)
+    if split_m is None:
+        pytest.skip(f"{torch.cuda.get_device_name()}: no M bucket splits K at {k}->{n}")
+    split_k = configs.woq_int8_config(split_m, k, n).split_k
     torch._dynamo.reset()
     counters.clear()
     cpu_model = WoqLinear(k, n, torch.bfloat16, bias=True)
     model = copy.deepcopy(cpu_model).cuda()
     opts = qlower.inductor_options(mode="reduce-overhead")
     with torch.no_grad():
-        x16 = torch.randn(16, k, dtype=torch.bfloat16, device="cuda")
-        _, static_code = run_and_get_code(torch.compile(model, options=opts), x16)
+        x_split = torch.randn(split_m, k, dtype=torch.bfloat16, device="cuda")
+        _, static_code = run_and_get_code(torch.compile(model, options=opts), x_split)
         torch._dynamo.reset()
         compiled = torch.compile(model, dynamic=True, options=opts)
         _, code = run_and_get_code(compiled, torch.randn(5, k, dtype=torch.bfloat16, device="cuda"))
-        for m in (1, 2, 3, 4, 15, 16, 17, 64, 300, 16):
+        edges = sorted({1, 2, 3, 4, 15, 16, 17, 64, 300} | {b + d for b in configs.M_BUCKETS if b <= 256 for d in (0, 1)})
+        for m in [*edges, split_m]:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             for _ in range(3):  # record, then replay
                 out = compiled(x)
             assert _rel(out, _ref(cpu_model, x)) < TOL["woq_int8"], m
-    split = re.compile(r"SPLIT_K['\"]?: 2\b")
+    split = re.compile(rf"SPLIT_K['\"]?: {split_k}\b")
     dynamic = "\n".join(code)
-    assert split.search("\n".join(static_code)), "the static M = 16 compile does not split K"
+    assert split.search("\n".join(static_code)), f"the static M = {split_m} compile does not split K"
     assert split.search(dynamic) and "splitk_reduce_kernel" in dynamic, (
         "the symbolic M's range lost its split"
     )

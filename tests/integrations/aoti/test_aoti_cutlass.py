@@ -217,8 +217,8 @@ def test_the_cutlass_library_is_linked_only_for_a_compile_that_calls_it(monkeypa
 # ------------------------------------------------------------------------- the choice under AOTInductor
 @pytest.fixture
 def objects(monkeypatch) -> list[Path]:
-    """Pretend the library and its objects exist (decision tests never call them); AOTInductor's use opted in."""
-    monkeypatch.setenv("QLOWER_AOTI_CUTLASS", "1")
+    """Pretend the library and its objects exist (decision tests never call them); no switch set."""
+    monkeypatch.delenv("QLOWER_AOTI_CUTLASS", raising=False)
     objs = [Path("/nonexistent/w8a16_sm90_cfg.o")]
     monkeypatch.setattr(cutlass_build, "library", lambda: Path("/nonexistent/libqlower_cutlass_sm90.so"))
     monkeypatch.setattr(cutlass_build, "objects", lambda: objs)
@@ -249,12 +249,12 @@ def test_without_objects_the_package_keeps_another_kernel_and_says_why(objects, 
     assert "AOTInductor" in why and "nvcc not found" in why, why
 
 
-def test_without_the_opt_in_packages_keep_the_triton_kernels(objects, monkeypatch):
-    monkeypatch.delenv("QLOWER_AOTI_CUTLASS")
+def test_the_switch_off_keeps_packages_on_the_triton_kernels(objects, monkeypatch):
+    monkeypatch.setenv("QLOWER_AOTI_CUTLASS", "0")
     report = _decide_cpp_wrapper(fake_woq_graph("cuda", m=CUTLASS_W8A16_M_RANGE[0], k=4096, n=1024))
     entry = report.entries[0]
     assert entry.lowering != LOWERING, report.table()
-    assert "QLOWER_AOTI_CUTLASS=1" in dict(entry.passed_over)[LOWERING]
+    assert "QLOWER_AOTI_CUTLASS=0" in dict(entry.passed_over)[LOWERING]
 
 
 def test_symbolic_m_takes_cutlass_in_a_cpp_wrapper_compile_without_cuda_graphs(objects):
@@ -290,7 +290,7 @@ def _bound(x: torch.Tensor, model: torch.nn.Module) -> tuple[torch.Tensor, torch
 @needs_cuda_package_load
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static_m", "dim_batch"])
 def test_package_calls_the_cutlass_shim_and_runs_without_qlower(dynamic, tmp_path, monkeypatch):
-    monkeypatch.setenv("QLOWER_AOTI_CUTLASS", "1")
+    monkeypatch.delenv("QLOWER_AOTI_CUTLASS", raising=False)
     why = _sm90_objects()
     if why:
         pytest.skip(why)
