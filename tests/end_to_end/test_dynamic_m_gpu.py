@@ -120,7 +120,9 @@ def test_dynamic_m_split_k_range_under_cuda_graphs():
         torch._dynamo.reset()
         compiled = torch.compile(model, dynamic=True, options=opts)
         _, code = run_and_get_code(compiled, torch.randn(5, k, dtype=torch.bfloat16, device="cuda"))
-        edges = sorted({1, 2, 3, 4, 15, 16, 17, 64, 300} | {b + d for b in configs.M_BUCKETS if b <= 256 for d in (0, 1)})
+        edges = sorted(
+            {1, 2, 3, 4, 15, 16, 17, 64, 300} | {b + d for b in configs.M_BUCKETS if b <= 256 for d in (0, 1)}
+        )
         for m in [*edges, split_m]:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             for _ in range(3):  # record, then replay
