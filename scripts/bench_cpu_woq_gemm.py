@@ -1,16 +1,16 @@
 """CPU woq-int8 kernels side by side, eager, one linear: qlower::woq_int8_gemm on each of its paths (direct: its
-own micro-kernel; chunked: converted chunks multiplied by ATen's GEMM; amx: AMX-BF16 tiles, where the CPU has
-them), `_weight_int8pack_mm` (oneDNN, M <= 16), dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized
-weights.
+own micro-kernel; chunked: converted chunks multiplied by ATen's GEMM; panel: vdpbf16ps on converted weight
+panels, where the CPU has AVX512-BF16; amx: AMX-BF16 tiles, where the CPU has them), `_weight_int8pack_mm`
+(oneDNN, M <= 16), dequantize-then-bf16-GEMM, and bf16 `F.linear` on unquantized weights.
 
     python scripts/bench_cpu_woq_gemm.py [--threads 2] [--shapes 4096x4096,4096x14336] [--ms 1,4,16,128,1024]
-                                         [--paths auto,direct,chunked,amx] [--rounds 3]
+                                         [--paths auto,direct,chunked,panel,amx] [--rounds 3]
     QLOWER_CPU_WOQ_ISA=avx512 python scripts/bench_cpu_woq_gemm.py      # one ISA path of woq_int8_gemm
 
-Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct, chunked, amx), which the
-kernel reads at each call. Minimum over timed calls, each taking the next of 3 weight sets (the weights are not
+Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct, chunked, amx, panel),
+which the kernel reads at each call. Minimum over timed calls, each taking the next of 3 weight sets (the weights are not
 cache-resident). Each cell is `ms (r×)`, r = bf16 F.linear's time / this one's (> 1: faster than bf16). What
-`WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM`, `kAmxMinM`, `kAmxMaxM` in
+`WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM`, `kPanelMinM`, `kAmxMinM`, `kAmxMaxM` in
 lowerings/kernels/csrc/woq_gemm.cpp are set from.
 """
 

@@ -83,15 +83,16 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 
 # --------------------------------------------------------------------- qlower.woq_int8_gemm
 # qlower's own CPU GEMM (lowerings/kernels/csrc/woq_gemm.cpp): int8 -> float inside the kernel, the graph's own
-# arithmetic (tests/lowerings/kernels/test_cpu_woq_gemm.py). Three paths, chosen by the kernel at each call:
+# arithmetic (tests/lowerings/kernels/test_cpu_woq_gemm.py). Four paths, chosen by the kernel at each call:
 # direct (its own micro-kernel, each int8 block converted once and reused by every M row), chunked (chunks of
 # N columns converted into a buffer of x's dtype, multiplied by ATen's own GEMM, oneDNN's AMX / AVX512-BF16
-# kernels where the CPU has them) and amx (bf16 x on AMX-BF16 tiles, the weight converted in registers).
-# `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx` forces one; auto (`plan_call` in the kernel) takes amx for
-# bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
+# kernels where the CPU has them), amx (bf16 x on AMX-BF16 tiles, the weight converted in registers) and panel
+# (bf16 x on vdpbf16ps, the weight converted once per 48-column panel into the instruction's pair layout).
+# `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx|panel` forces one; auto (`plan_call` in the kernel) takes amx
+# for bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),
-# direct otherwise, and at that level runs the direct path on the avx512 fp32-FMA kernels unless
-# `QLOWER_CPU_WOQ_ISA=avx512_bf16` forces vdpbf16ps. The report names the path a record runs (woq_gemm_tier).
+# panel for bf16 x at that level from M = 128 where it does not (`kPanelMinM`), direct otherwise (the avx512
+# fp32-FMA kernels below M = 4 there). The report names the path a record runs (woq_gemm_tier).
 # AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa) and
 # activation dtype, with the kernel's auto path: WOQ_GEMM_MAX_M holds the static M range (min_m, max_m) it is
 # preferred in (max_m None: no upper bound; (0, None): every M, a dynamic M included; absent: not preferred).
@@ -123,13 +124,13 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #   AMX (auto = chunked from M = 16): M=128 11.6 | 24.7 vs dequant + GEMM 23.0 | 48.6; M=1024 58.6 | 105 vs
 #     79.7 | 268.
 #   So every M; the one loss measured, M = 16 against int8pack, is to a lowering AUTO does not rank there.
-#   On an AVX512-BF16 EPYC itself (no AMX; BENCHMARKS.md, "AMD EPYC with AVX512-BF16"), where auto now runs the
-#   vdpbf16ps kernels from M = 4: 1.31-4.3x of bf16 F.linear at M <= 32, 0.88-1.05x above, against
-#   `_weight_int8pack_mm` 0.57-2.7x (M <= 16) and dequant + GEMM 0.13-0.89x at every M.
+#   On an AVX512-BF16 EPYC itself (no AMX; BENCHMARKS.md, "AMD EPYC with AVX512-BF16"), where auto runs the
+#   vdpbf16ps kernels from M = 4 and the panels from M = 128: 1.3-4.3x of bf16 F.linear at M <= 32, 0.9-1.05x
+#   above, against `_weight_int8pack_mm` 0.57-2.7x (M <= 16) and dequant + GEMM 0.13-0.89x at every M.
 #   With the amx path (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm", the Sapphire Rapids table) the op
 #   is the fastest int8 lowering at every M measured there as well.
 WOQ_GEMM_ISA_ENV = "QLOWER_CPU_WOQ_ISA"  # forces the kernel's ISA path (scalar, avx2, avx512, avx512_bf16)
-WOQ_GEMM_PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # forces the kernel's path (auto, direct, chunked, amx)
+WOQ_GEMM_PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # forces the kernel's path (auto, direct, chunked, amx, panel)
 WOQ_GEMM_EVERY_M: tuple[int, int | None] = (0, None)
 WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx2", torch.bfloat16): WOQ_GEMM_EVERY_M,

@@ -10,8 +10,8 @@
 // as F.linear's own FMAs do. The AVX512-BF16 path (vdpbf16ps) treats bf16 denormals as zero, like oneDNN's bf16
 // GEMM on the same instruction; the chunked path below runs F.linear's own GEMM on the converted weight.
 //
-// Three paths, chosen per call (`QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx`, read at each call; auto
-// when unset):
+// Four paths, chosen per call (`QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx|panel`, read at each call;
+// auto when unset):
 // - direct: qlower's own micro-kernel (a dot-product formulation: both operands are contiguous along K, so
 //   neither is transposed):
 //   - threads over blocks of N columns (and of M rows for large M), each block [mb x nb] summed over K
@@ -33,9 +33,12 @@
 //   BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm").
 // - amx: AMX-BF16 tiles (the `amx` namespace below says how) for bf16 x with a [N, K] weight, where the CPU
 //   has AMX and the OS grants the tile state (amx_usable).
+// - panel: vdpbf16ps for bf16 x with a [N, K] weight and even K (avx512_bf16::run_panel): panels of 48
+//   columns converted once into vdpbf16ps's pair layout, x's rows broadcast against them (no horizontal sums).
 // auto (plan_call, which `woq_int8_gemm_plan` reports): amx for bf16 x from M = kAmxMinM to kAmxMaxM where the
 // tiles are usable; chunked for bf16 x at the avx512_bf16 level from M = kChunkedMinM on where oneDNN's bf16
-// GEMM runs on AMX (amx_bf16_gemm); else direct. At that level the
+// GEMM runs on AMX (amx_bf16_gemm); panel for bf16 x at that level from M = kPanelMinM where it does not;
+// else direct. At that level the
 // direct path of bf16 x runs the avx512 fp32-FMA kernels where oneDNN has AMX (faster than vdpbf16ps at
 // M = 1..16 on that Xeon) and below M = kDpbf16MinM, else the vdpbf16ps ones (QLOWER_CPU_WOQ_ISA=avx512_bf16
 // forces them).
@@ -492,6 +495,149 @@ void pack_b(const Problem& p, const Block& blk, const Block& next, void* dst_, i
       dst[j * ldd + k] = f_to_bf16(scaled ? v * p.scale[n0 + j] : v);
     }
   }
+}
+
+// ---- the panel path (large M): the weight converted once per panel into VNNI pairs, rows broadcast
+// An outer-product micro-kernel, as BLAS GEMMs are built: a panel of kPanelN output columns by kc of K is
+// converted from int8 once and laid out as vdpbf16ps's B operand (slot (kp, n) holds the bf16 pair
+// w'[n, 2kp], w'[n, 2kp + 1]); every MR rows of x then stream through it, each 32-bit pair of a row
+// broadcast against kPanelN / 16 panel vectors, with MR x kPanelN / 16 accumulators in registers and no
+// horizontal sums. The conversion is paid once per panel instead of once per MR rows (the direct kernel's
+// cost at large M), and x needs no packing: its rows already hold K pairs contiguously.
+constexpr int kPanelVecs = 3;                  // accumulator vectors per row: 48 output columns
+constexpr int64_t kPanelN = 16 * kPanelVecs;  // output columns per panel
+constexpr int kPanelMr = 8;                    // rows per micro-kernel: 24 accumulators + 3 B + 1 A of 32 zmm
+constexpr int64_t kPanelKc = 2048;             // K per panel: 2048 x 48 x 2 bytes = 192 KiB, in L2
+constexpr int64_t kPanelMc = 512;              // x rows per work unit (the panel is converted once per unit)
+
+// The transpose of a 16 x 16 matrix of 32-bit elements held as 16 rows: swaps of off-diagonal blocks of 8, 4,
+// 2 and 1 (permutex2var picks each lane from either row of a pair).
+inline void transpose16(__m512i (&r)[16]) {
+  for (int b = 8; b >= 1; b /= 2) {
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int c = 0; c < 16; ++c) {
+      lo_idx[c] = (c & b) ? 16 + c - b : c;  // row i: its own columns without bit b, row i + b's below them
+      hi_idx[c] = (c & b) ? 16 + c : c + b;  // row i + b: row i's columns with bit b, its own with bit b
+    }
+    const __m512i li = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    for (int i = 0; i < 16; ++i) {
+      if (i & b) {
+        continue;
+      }
+      const __m512i a = r[i], c = r[i + b];
+      r[i] = _mm512_permutex2var_epi32(a, li, c);
+      r[i + b] = _mm512_permutex2var_epi32(a, hi, c);
+    }
+  }
+}
+
+// 32 K elements of weight row n from k: bf16 pairs (exact for int8; the graph's scaled weight rounded to bf16).
+inline __m512i pairs_of_row(const Problem& p, int64_t n, int64_t k) {
+  const int8_t* src = p.w + n * p.sn + k;
+  V lo = Isa::load_i8(src), hi = Isa::load_i8(src + 16);
+  if (p.scale_on_weight) {
+    const V sv = Isa::set1(p.scale[n]);
+    lo = Isa::round_bf16(Isa::mul(lo, sv));
+    hi = Isa::round_bf16(Isa::mul(hi, sv));
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+inline uint32_t pair_scalar(const Problem& p, int64_t n, int64_t k) {
+  const float s = p.scale_on_weight ? p.scale[n] : 1.f;
+  const int8_t* src = p.w + n * p.sn + k;
+  const float a = static_cast<float>(src[0]), b = static_cast<float>(src[1]);
+  const uint32_t lo = f_to_bf16(p.scale_on_weight ? a * s : a), hi = f_to_bf16(p.scale_on_weight ? b * s : b);
+  return lo | (hi << 16);
+}
+
+// Panel of columns [n0, n0 + nb) (nb <= kPanelN; the rest zero) and K [k0, k0 + kc), kc even, into dst
+// [kc / 2][kPanelN] pairs.
+void pack_panel(const Problem& p, int64_t n0, int64_t nb, int64_t k0, int64_t kc, uint32_t* dst) {
+  const int64_t kv = kc / 32 * 32;
+  for (int v = 0; v < kPanelVecs; ++v) {
+    const int64_t c0 = v * 16, rows = std::clamp<int64_t>(nb - c0, 0, 16);
+    for (int64_t k = 0; k < kv; k += 32) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = i < rows ? pairs_of_row(p, n0 + c0 + i, k0 + k) : _mm512_setzero_si512();
+      }
+      transpose16(r);  // r[q]: pair k / 2 + q of the 16 columns
+      for (int q = 0; q < 16; ++q) {
+        _mm512_storeu_si512(dst + (k / 2 + q) * kPanelN + c0, r[q]);
+      }
+    }
+    for (int64_t k = kv; k < kc; k += 2) {
+      for (int64_t i = 0; i < 16; ++i) {
+        dst[(k / 2) * kPanelN + c0 + i] = i < rows ? pair_scalar(p, n0 + c0 + i, k0 + k) : 0u;
+      }
+    }
+  }
+}
+
+// c[i][0 : kPanelN] (+)= x rows a[i] (kc bf16, even) times the panel, for MR rows.
+template <int MR>
+void panel_tile(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t kc, float* c, int64_t ldc,
+                bool accumulate) {
+  __m512 acc[MR][kPanelVecs];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < kPanelVecs; ++j) {
+      acc[i][j] = accumulate ? _mm512_loadu_ps(c + i * ldc + j * 16) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t kp = 0; kp < kc / 2; ++kp) {
+    __m512bh bv[kPanelVecs];
+    for (int j = 0; j < kPanelVecs; ++j) {
+      bv[j] = (__m512bh)_mm512_loadu_si512(b + kp * kPanelN + j * 16);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, a + i * lda + 2 * kp, sizeof pair);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+      for (int j = 0; j < kPanelVecs; ++j) {
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < kPanelVecs; ++j) {
+      _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
+    }
+  }
+}
+
+using PanelTileFn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, bool);
+constexpr PanelTileFn kPanelTiles[kPanelMr + 1] = {nullptr,        &panel_tile<1>, &panel_tile<2>,
+                                                   &panel_tile<3>, &panel_tile<4>, &panel_tile<5>,
+                                                   &panel_tile<6>, &panel_tile<7>, &panel_tile<8>};
+
+// bf16 x, a [N, K] weight (sk == 1), K even: threads over units of kPanelMc rows x kPanelN columns; each unit
+// converts its panels (one per kPanelKc of K) and runs every row block through each, then the epilogue.
+void run_panel(const Problem& p) {
+  const int64_t m_blocks = (p.M + kPanelMc - 1) / kPanelMc;
+  const int64_t n_blocks = (p.N + kPanelN - 1) / kPanelN;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> c_buf;
+    thread_local std::vector<uint32_t> b_buf;
+    float* c = grown(c_buf, static_cast<size_t>(std::min(kPanelMc, p.M) * kPanelN));
+    uint32_t* panel = grown(b_buf, static_cast<size_t>(kPanelKc / 2 * kPanelN));
+    for (int64_t u = lo; u < hi; ++u) {
+      // Units run N-major within a row block: consecutive units of one thread share x's rows in cache.
+      const int64_t m0 = (u / n_blocks) * kPanelMc, mb = std::min(kPanelMc, p.M - m0);
+      const int64_t n0 = (u % n_blocks) * kPanelN, nb = std::min(kPanelN, p.N - n0);
+      for (int64_t k0 = 0; k0 < p.K; k0 += kPanelKc) {
+        const int64_t kc = std::min(kPanelKc, p.K - k0);
+        pack_panel(p, n0, nb, k0, kc, panel);
+        for (int64_t i = 0; i < mb; i += kPanelMr) {
+          const int mr = static_cast<int>(std::min<int64_t>(kPanelMr, mb - i));
+          kPanelTiles[mr](x + (m0 + i) * p.lda + k0, p.lda, panel, kc, c + i * kPanelN, kPanelN, k0 > 0);
+        }
+      }
+      avx512::epilogue(p, c, kPanelN, m0, mb, n0, nb);
+    }
+  });
 }
 
 template <class BT, int MR, int NR>
@@ -1112,8 +1258,8 @@ void run_chunked(const Problem& p, const Kernels& kk, const at::TensorOptions& o
 
 // ---- the path of one call
 
-enum class Path : int { Auto = 0, Direct = 1, Chunked = 2, Amx = 3 };
-constexpr const char* kPathNames[] = {"auto", "direct", "chunked", "amx"};
+enum class Path : int { Auto = 0, Direct = 1, Chunked = 2, Amx = 3, Panel = 4 };
+constexpr const char* kPathNames[] = {"auto", "direct", "chunked", "amx", "panel"};
 
 // auto takes the chunked path from this M on, for bf16 x where oneDNN's bf16 GEMM runs on AMX. Measured on an
 // AMX Xeon (2 threads; BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"): at M = 128 / 1024
@@ -1129,6 +1275,11 @@ constexpr int64_t kChunkedMinM = 16;
 // 0.43-0.62x of bf16 F.linear from M = 16; the two tie at M = 4 and FMA leads at M = 1-2 (0.356 vs 0.528 ms
 // at M = 1, 4096^2).
 constexpr int64_t kDpbf16MinM = 4;
+
+// From this M on, where oneDNN's bf16 GEMM runs on AVX512-BF16 (no AMX), auto takes the panel path for bf16 x
+// (avx512_bf16::run_panel): measured on an AVX512-BF16 EPYC (2 threads; BENCHMARKS.md, "AMD EPYC with
+// AVX512-BF16").
+constexpr int64_t kPanelMinM = 128;
 
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
@@ -1181,13 +1332,13 @@ Path chosen_path() {
   if (forced == nullptr || forced[0] == '\0') {
     return Path::Auto;
   }
-  for (int i = 0; i <= static_cast<int>(Path::Amx); ++i) {
+  for (int i = 0; i <= static_cast<int>(Path::Panel); ++i) {
     if (std::strcmp(forced, kPathNames[i]) == 0) {
       return static_cast<Path>(i);
     }
   }
   TORCH_CHECK(false, "qlower::woq_int8_gemm: QLOWER_CPU_WOQ_GEMM_PATH=", forced,
-              " is not one of auto, direct, chunked, amx");
+              " is not one of auto, direct, chunked, amx, panel");
 }
 
 bool isa_forced() {
@@ -1219,6 +1370,10 @@ Plan plan_call(int64_t M, DType act, bool nk) {
     return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
   }
   const bool amx_gemm = amx_bf16_gemm();
+  const bool panel_fits = native_bf16_gemm && nk;
+  if ((path == Path::Panel && panel_fits) || (path == Path::Auto && panel_fits && !amx_gemm && M >= kPanelMinM)) {
+    return {Path::Panel, level};
+  }
   const bool chunked_auto = native_bf16_gemm && amx_gemm && M >= kChunkedMinM;
   if (path == Path::Chunked || (path != Path::Direct && chunked_auto)) {
     return {Path::Chunked, level};
@@ -1309,6 +1464,13 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
 #ifdef QLOWER_WOQ_X86
     case Path::Amx:
       amx::run(p, kernels_for(plan.level, p.act));
+      break;
+    case Path::Panel:
+      if (K % 2 == 0) {  // x's rows are read as bf16 pairs
+        avx512_bf16::run_panel(p);
+      } else {
+        run(p, kernels_for(plan.level, p.act));
+      }
       break;
 #endif
     case Path::Chunked:

@@ -41,8 +41,9 @@ REL_TOL = {BF16: 2**-7, FP16: 2**-10, FP32: 1e-5}
 
 
 PATHS = ("direct", "chunked")
-# The AMX path serves bf16 x with a [N, K] weight; forced for other operands it runs auto's choice.
+# The AMX and panel paths serve bf16 x with a [N, K] weight; forced for other operands they run auto's choice.
 AMX = ("avx512_bf16", "amx")
+PANEL = ("avx512_bf16", "panel")
 
 
 def skip_without_amx() -> None:
@@ -50,10 +51,11 @@ def skip_without_amx() -> None:
         pytest.skip(f"no AMX-BF16 tiles here (ISAs: {native.supported_isas()})")
 
 
-@pytest.fixture(params=[*[(i, p) for p in PATHS for i in ISAS], AMX], ids=lambda ip: f"{ip[0]}-{ip[1]}")
+@pytest.fixture(params=[*[(i, p) for p in PATHS for i in ISAS], AMX, PANEL], ids=lambda ip: f"{ip[0]}-{ip[1]}")
 def isa(request, monkeypatch):
     """Each ISA path of the kernel, forced, through each of its paths (direct: its own micro-kernel; chunked:
-    its conversion and epilogue around ATen's GEMM; amx: AMX-BF16 tiles); skipped where this CPU lacks it."""
+    its conversion and epilogue around ATen's GEMM; amx: AMX-BF16 tiles; panel: converted VNNI panels and
+    broadcast rows); skipped where this CPU lacks it."""
     name, path = request.param
     if path == "amx":
         skip_without_amx()
@@ -233,6 +235,50 @@ def test_amx_blocks_match_float64(threads, monkeypatch):
     _shapes_match_float64("amx", AMX_SHAPES, BF16, seed=5, threads=threads)
 
 
+# (M, K, N) for the panel path: N short of, at and past one 16-column vector and one 48-column panel; K from one
+# pair, short of and past one 32-element conversion block, past one 2048-element panel (two panels, the second
+# with a pair tail), and odd (the direct kernels run it); M below and past one 8-row tile and one 512-row block.
+PANEL_SHAPES = (
+    (1, 2, 1),
+    (7, 34, 15),
+    (8, 64, 16),
+    (9, 96, 47),
+    (17, 30, 48),
+    (130, 4098, 49),
+    (520, 66, 100),
+    (3, 33, 7),
+)
+
+
+@pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
+@pytest.mark.parametrize("threads", (1, 2))
+def test_panel_blocks_match_float64(threads, monkeypatch):
+    """The panel path's partial vectors, panels, row tiles, K panels and pair tails (the shapes above), every
+    form, against float64."""
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "panel")
+    assert native.woq_gemm_plan(64, BF16) == "panel-avx512_bf16"
+    _shapes_match_float64("panel", PANEL_SHAPES, BF16, seed=8, threads=threads)
+
+
+@pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
+def test_panel_special_values_follow_eager(monkeypatch):
+    """inf and NaN activations on the panel path: non-finite exactly where eager's bf16 F.linear is (an x row
+    followed by infs past K is read only up to K), the finite rest within bf16 bounds."""
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "panel")
+    x, w, s, b = _operands(40, 46, 50, BF16, seed=9)
+    x[3, 7] = float("inf")
+    x[20, 0] = float("nan")
+    w[5].zero_()
+    wide = torch.full((40, 64), float("inf"), dtype=BF16)
+    wide[:, :46] = x
+    got = _call(wide[:, :46], w, s, b, "output_scale_bias")
+    eager = F.linear(x.float(), w.float()).to(BF16) * s + b
+    assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
+    finite = torch.isfinite(eager)
+    torch.testing.assert_close(got[finite], eager[finite], atol=2e-2, rtol=2**-7)
+
+
 def test_amx_special_values_follow_eager(monkeypatch):
     """inf and NaN activations, and an x whose next row (read past K by a careless tile) holds inf: non-finite
     exactly where eager's bf16 F.linear is, the finite rest within bf16 bounds."""
@@ -257,6 +303,7 @@ def test_kernel_plan_names_the_path_it_runs(monkeypatch):
     same numbers as the forced run."""
     x, w, s, b = _operands(24, 64, 40, BF16, seed=7)
     paths = ["direct", "chunked"] + (["amx"] if "amx_bf16" in native.supported_isas() else [])
+    paths += ["panel"] if "avx512_bf16" in native.supported_isas() else []
     for path in paths:
         monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, path)
         plan = native.woq_gemm_plan(24, BF16)
@@ -532,15 +579,16 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
 @pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
 def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     """Where oneDNN's bf16 GEMM has no AMX (an AVX512-BF16 EPYC; here oneDNN capped), auto runs the fp32-FMA
-    kernels below M = 4 and the vdpbf16ps ones (int8 converted in registers, 8-row tiles) from there at every
-    M, never the chunks (woq_gemm.cpp, kDpbf16MinM, kDirectMaxMBf16); each plan's numbers are the forced
-    path's."""
+    kernels below M = 4, the vdpbf16ps ones (int8 converted in registers, 8-row tiles) from there, and the
+    vdpbf16ps panels from M = 128, never the chunks (woq_gemm.cpp, kDpbf16MinM, kPanelMinM); each plan's
+    numbers are the forced path's."""
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, raising=False)
     monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, raising=False)
     assert native.woq_gemm_plan(1, BF16) == "direct-avx512"
     assert native.woq_gemm_plan(4, BF16) == "direct-avx512_bf16"
-    assert native.woq_gemm_plan(1024, BF16) == "direct-avx512_bf16"
+    assert native.woq_gemm_plan(127, BF16) == "direct-avx512_bf16"
+    assert native.woq_gemm_plan(128, BF16) == "panel-avx512_bf16"
     assert native.woq_gemm_plan(256, FP16) == "direct-avx512"  # vdpbf16ps: bf16 x only
     for m in (1, 4, 13, 300):  # 13, 300: 8-row tiles and a partial one
         x, w, s, b = _operands(m, 96, 72, BF16, seed=m)
