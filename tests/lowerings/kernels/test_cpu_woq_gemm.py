@@ -51,7 +51,9 @@ def skip_without_amx() -> None:
         pytest.skip(f"no AMX-BF16 tiles here (ISAs: {native.supported_isas()})")
 
 
-@pytest.fixture(params=[*[(i, p) for p in PATHS for i in ISAS], AMX, PANEL], ids=lambda ip: f"{ip[0]}-{ip[1]}")
+@pytest.fixture(
+    params=[*[(i, p) for p in PATHS for i in ISAS], AMX, PANEL], ids=lambda ip: f"{ip[0]}-{ip[1]}"
+)
 def isa(request, monkeypatch):
     """Each ISA path of the kernel, forced, through each of its paths (direct: its own micro-kernel; chunked:
     its conversion and epilogue around ATen's GEMM; amx: AMX-BF16 tiles; panel: converted VNNI panels and
