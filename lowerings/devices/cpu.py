@@ -110,11 +110,14 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #                    / 171 / 2788 (_weight_int8pack_mm at M = 1: 11.1)
 #   fp32, 2 threads, 4096x4096: 0.73 / 5.03 / 63.8 / 504 vs 5.50 / 13.6 / 92.1 / 474; 1 thread M=128 69.4 vs
 #                    73.7, M=1024 553 vs 496 (int8_weight_mm's fp32 GEMM wins there): up to M = 128.
-# AVX512 (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm"; a Xeon with AVX512-BF16 and AMX, 2 threads,
-# bf16, the direct path before the chunked one existed): the avx512 (fp32 FMA) kernels beat
-# `_weight_int8pack_mm` at M = 1 (1.89x / 0.99x at 4096^2 / 4096->14336) and M = 4 (1.15x / 1.16x), lost at
-# M = 16 (0.78x / 0.81x): up to M = 4 with QLOWER_CPU_WOQ_ISA=avx512. The vdpbf16ps kernels lost to them at
-# M = 1..16 (0.68-1.01x of int8pack), and both were 0.16-0.43x of bf16 F.linear (AMX) at M >= 16.
+# AVX512 without BF16 (Skylake-SP, Cascade Lake, Ice Lake servers): the avx512 (fp32 FMA) kernels against the
+# lowerings such a CPU has, measured on an AVX512-BF16 EPYC with oneDNN capped at AVX512_CORE (no bf16 or AMX
+# instructions, as there) and QLOWER_CPU_WOQ_ISA=avx512 (BENCHMARKS.md, "AVX512 without BF16"; 2 threads, bf16,
+# 4096^2, 4096->14336, 14336->4096): 1.9-11x of bf16 F.linear at every M from 1 to 1024 (2.2-2.7x from
+# M = 64), against dequant + GEMM's 0.07-0.98x and `_weight_int8pack_mm`'s 1.3-8.5x at M <= 16 (ahead of the
+# kernel only at M = 16, where AUTO does not rank it: PACKED_MAX_M): every M. (On a Xeon with AMX, where
+# oneDNN's own kernels run on AMX, the same fp32-FMA kernels lost to int8pack from M = 16; that machine's
+# tier is avx512_bf16.)
 # avx512_bf16 level, the kernel's auto path (the same Xeon, 2 threads, `scripts/bench_cpu_woq_gemm.py --paths
 # auto,direct,chunked`, ms at 4096^2 | 4096->14336; BENCHMARKS.md has the table):
 #   oneDNN capped at AVX512_CORE_BF16 (no AMX, as on an AVX512-BF16 EPYC; auto = direct): M=1 0.62 | 3.21 vs
@@ -136,7 +139,7 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx2", torch.bfloat16): WOQ_GEMM_EVERY_M,
     ("avx2", torch.float16): WOQ_GEMM_EVERY_M,
     ("avx2", torch.float32): (0, 128),
-    ("avx512", torch.bfloat16): (0, 4),
+    ("avx512", torch.bfloat16): WOQ_GEMM_EVERY_M,
     ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,
 }
 # Small weights, per ISA level: the smallest K * N AUTO takes the op at (WOQ_GEMM_MIN_WEIGHT), and the K * N
