@@ -9,7 +9,8 @@ panels, where the CPU has AVX512-BF16; amx: AMX-BF16 tiles, where the CPU has th
 
 Each woq_int8_gemm column forces its path with QLOWER_CPU_WOQ_GEMM_PATH (auto, direct, chunked, amx, panel),
 which the kernel reads at each call. Minimum over timed calls, each taking the next of 3 weight sets (the weights are not
-cache-resident). Each cell is `ms (r×)`, r = bf16 F.linear's time / this one's (> 1: faster than bf16). What
+cache-resident). Each cell is `ms (r×)`, r = F.linear's time / this one's (> 1: faster than the unquantized
+linear in x's dtype, `--dtype`). What
 `WOQ_GEMM_MAX_M` in lowerings/devices/cpu.py and `kChunkedMinM`, `kPanelMinM`, `kAmxMinM`, `kAmxMaxM` in
 lowerings/kernels/csrc/woq_gemm.cpp are set from.
 """
@@ -33,6 +34,7 @@ import qlower
 qlower.load_ops()  # registers torch.ops.qlower.*
 
 BF16 = torch.bfloat16
+DTYPES = {"bf16": BF16, "fp16": torch.float16}
 PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # lowerings/devices/cpu.py: WOQ_GEMM_PATH_ENV
 
 
@@ -51,7 +53,7 @@ def woq_gemm_ms(x: torch.Tensor, sets: list, path: str, reps: int) -> float:
     before = os.environ.get(PATH_ENV)
     os.environ[PATH_ENV] = path
     try:
-        return best_ms(lambda i: torch.ops.qlower.woq_int8_gemm(x, *sets[i % 3], None, False, BF16), reps)
+        return best_ms(lambda i: torch.ops.qlower.woq_int8_gemm(x, *sets[i % 3], None, False, x.dtype), reps)
     finally:
         if before is None:
             del os.environ[PATH_ENV]
@@ -70,8 +72,8 @@ def amx_runs() -> bool:
 
 
 def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str], rounds: int) -> list[str]:
-    """The table cells of one M: each time, and bf16 F.linear's time over it; each the minimum over `rounds`
-    interleaved rounds (a shared machine's noise hits every column alike)."""
+    """The table cells of one M: each time, and F.linear's time (x's dtype, unquantized) over it; each the
+    minimum over `rounds` interleaved rounds (a shared machine's noise hits every column alike)."""
     m = x.shape[0]
     reps = 20 if m <= 16 else 5 if m <= 128 else 2
     best: list[float | None] = [float("inf")] * (len(paths) + 3)
@@ -79,7 +81,7 @@ def measure(x: torch.Tensor, sets: list, dense: list, paths: list[str], rounds: 
         times: list[float | None] = [best_ms(lambda i: F.linear(x, dense[i % 3]), reps)]
         times += [woq_gemm_ms(x, sets, path, reps) for path in paths]
         times.append(best_ms(lambda i: torch._weight_int8pack_mm(x, *sets[i % 3]), reps) if m <= 16 else None)
-        times.append(best_ms(lambda i: F.linear(x, sets[i % 3][0].to(BF16)) * sets[i % 3][1], reps))
+        times.append(best_ms(lambda i: F.linear(x, sets[i % 3][0].to(x.dtype)) * sets[i % 3][1], reps))
         best = [None if t is None else min(b, t) for b, t in zip(best, times, strict=True)]
     bf, *rest = best
     cells = ["—" if t is None else f"{t:.3f} ms ({bf / t:.2f}×)" for t in rest]
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ms", default="1,4,16,128,1024")
     p.add_argument("--paths", default="auto,direct,chunked,amx", help="woq_int8_gemm paths, one column each")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (the minimum is kept)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activations, scale and output")
     args = p.parse_args(argv)
+    dtype = DTYPES[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)
     paths = args.paths.split(",")
@@ -104,18 +108,18 @@ def main(argv: list[str] | None = None) -> None:
         f"{torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}"
     )
     heads = [f"woq_int8_gemm {path} ({isa})" for path in paths]
-    heads += ["_weight_int8pack_mm", "dequant + GEMM", "bf16 F.linear"]
+    heads += ["_weight_int8pack_mm", "dequant + GEMM", f"{args.dtype} F.linear"]
     print("| M | K→N | " + " | ".join(heads) + " |")
     print("|---|---|" + "---|" * len(heads))
     for kn in args.shapes.split(","):
         k, n = (int(v) for v in kn.split("x"))
         sets = [
-            (torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n, dtype=BF16) / 127)
+            (torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n, dtype=dtype) / 127)
             for _ in range(3)
         ]
-        dense = [torch.randn(n, k, dtype=BF16) / k**0.5 for _ in range(3)]
+        dense = [torch.randn(n, k, dtype=dtype) / k**0.5 for _ in range(3)]
         for m in (int(v) for v in args.ms.split(",")):
-            cells = measure(torch.randn(m, k, dtype=BF16), sets, dense, paths, args.rounds)
+            cells = measure(torch.randn(m, k, dtype=dtype), sets, dense, paths, args.rounds)
             print(f"| {m} | {k}→{n} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -140,8 +140,15 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx2", torch.float16): WOQ_GEMM_EVERY_M,
     ("avx2", torch.float32): (0, 128),
     ("avx512", torch.bfloat16): WOQ_GEMM_EVERY_M,
+    ("avx512", torch.float16): WOQ_GEMM_EVERY_M,
     ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,
+    ("avx512_bf16_no_amx", torch.float16): WOQ_GEMM_EVERY_M,
 }
+# fp16 activations on AVX512 CPUs without AMX (without AVX512-FP16 too: oneDNN's fp16 GEMM is emulated there):
+# the kernel's fp32-FMA level ran 2.1-6.6x of fp16 F.linear at M = 1-1024 on the AVX512-BF16 EPYC (2 threads,
+# 4096^2 and 14336->4096), and 2.5-5.2x with oneDNN capped at AVX512_CORE, against dequant + GEMM's 0.06-1.00x
+# and `_weight_int8pack_mm`'s 0.08-0.19x (BENCHMARKS.md, "fp16 activations on AVX512 CPUs"). Keyed by tier
+# (woq_weight_tier): AMX Xeons have AVX512-FP16 and were not measured with fp16.
 # Small weights, per ISA level: the smallest K * N AUTO takes the op at (WOQ_GEMM_MIN_WEIGHT), and the K * N
 # below which a static M <= PACKED_MAX_M still takes `_weight_int8pack_mm` (WOQ_GEMM_SMALL_PACKED). avx2:
 # BENCHMARKS.md, "AMD EPYC, AVX2: small weights" (2 threads, the C++-registered kernel): from 128x128 to
@@ -198,9 +205,17 @@ def _supports_woq_gemm(rec: QuantLinear) -> str | None:
 def woq_gemm_preferred(rec: QuantLinear) -> str | None:
     """None where AUTO takes qlower.woq_int8_gemm over the other CPU woq lowerings (WOQ_GEMM_MAX_M), else why not."""
     isa = cpu_woq_isa()
-    if (isa, rec.compute_dtype) not in WOQ_GEMM_MAX_M:
+    key = next(
+        (
+            k
+            for k in ((woq_weight_tier(isa), rec.compute_dtype), (isa, rec.compute_dtype))
+            if k in WOQ_GEMM_MAX_M
+        ),
+        None,
+    )
+    if key is None:
         return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
-    min_m, max_m = WOQ_GEMM_MAX_M[isa, rec.compute_dtype]
+    min_m, max_m = WOQ_GEMM_MAX_M[key]
     if not (is_static(rec.k) and is_static(rec.n)):
         return f"K={rec.k}, N={rec.n} are not static: the weight-size limits below need them"
     weight = int(rec.k) * int(rec.n)
