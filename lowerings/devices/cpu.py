@@ -93,8 +93,9 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),
 # panel for bf16 x at that level from M = 128 where it does not (`kPanelMinM`), direct otherwise (the avx512
 # fp32-FMA kernels below M = 4 there). The report names the path a record runs (woq_gemm_tier).
-# AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa) and
-# activation dtype, with the kernel's auto path: WOQ_GEMM_MAX_M holds the static M range (min_m, max_m) it is
+# AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa; or its
+# tier, woq_weight_tier, where an entry names one) and activation dtype, with the kernel's auto path:
+# WOQ_GEMM_MAX_M holds the static M range (min_m, max_m) it is
 # preferred in (max_m None: no upper bound; (0, None): every M, a dynamic M included; absent: not preferred).
 #
 # Measured on a 2-core AMD EPYC (KVM, AVX2, no AVX512), torch 2.13, the direct path: eager calls of what each
@@ -146,7 +147,7 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
 }
 # fp16 activations on AVX512 CPUs without AMX (without AVX512-FP16 too: oneDNN's fp16 GEMM is emulated there):
 # the kernel's fp32-FMA level ran 2.1-6.6x of fp16 F.linear at M = 1-1024 on the AVX512-BF16 EPYC (2 threads,
-# 4096^2 and 14336->4096), and 2.5-5.2x with oneDNN capped at AVX512_CORE, against dequant + GEMM's 0.06-1.00x
+# 4096^2 and 14336->4096), and 2.5-11.9x with oneDNN capped at AVX512_CORE, against dequant + GEMM's 0.06-1.00x
 # and `_weight_int8pack_mm`'s 0.08-0.19x (BENCHMARKS.md, "fp16 activations on AVX512 CPUs"). Keyed by tier
 # (woq_weight_tier): AMX Xeons have AVX512-FP16 and were not measured with fp16.
 # Small weights, per ISA level: the smallest K * N AUTO takes the op at (WOQ_GEMM_MIN_WEIGHT), and the K * N
