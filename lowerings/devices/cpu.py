@@ -91,7 +91,7 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx|panel` forces one; auto (`plan_call` in the kernel) takes amx
 # for bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),
-# panel for bf16 x at that level from M = 128 where it does not (`kPanelMinM`), direct otherwise (the avx512
+# panel for bf16 x at that level from M = 64 where it does not (`kPanelMinM`), direct otherwise (the avx512
 # fp32-FMA kernels below M = 4 there). The report names the path a record runs (woq_gemm_tier).
 # AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa; or its
 # tier, woq_weight_tier, where an entry names one) and activation dtype, with the kernel's auto path:
@@ -129,7 +129,7 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 #     79.7 | 268.
 #   So every M; the one loss measured, M = 16 against int8pack, is to a lowering AUTO does not rank there.
 #   On an AVX512-BF16 EPYC itself (no AMX; BENCHMARKS.md, "AMD EPYC with AVX512-BF16"), where auto runs the
-#   vdpbf16ps kernels from M = 4 and the panels from M = 128: 1.3-4.3x of bf16 F.linear at M <= 32, 0.9-1.05x
+#   vdpbf16ps kernels from M = 4 and the panels from M = 64: 1.3-4.3x of bf16 F.linear at M <= 32, 0.9-1.05x
 #   above, against `_weight_int8pack_mm` 0.57-2.7x (M <= 16) and dequant + GEMM 0.13-0.89x at every M.
 #   With the amx path (BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm", the Sapphire Rapids table) the op
 #   is the fastest int8 lowering at every M measured there as well.

@@ -511,24 +511,35 @@ constexpr int64_t kPanelKc = 2048;             // K per panel: 2048 x 48 x 2 byt
 constexpr int64_t kPanelMc = 512;              // x rows per work unit (the panel is converted once per unit)
 
 // The transpose of a 16 x 16 matrix of 32-bit elements held as 16 rows: swaps of off-diagonal blocks of 8, 4,
-// 2 and 1 (permutex2var picks each lane from either row of a pair).
-inline void transpose16(__m512i (&r)[16]) {
-  for (int b = 8; b >= 1; b /= 2) {
-    alignas(64) int32_t lo_idx[16], hi_idx[16];
-    for (int c = 0; c < 16; ++c) {
-      lo_idx[c] = (c & b) ? 16 + c - b : c;  // row i: its own columns without bit b, row i + b's below them
-      hi_idx[c] = (c & b) ? 16 + c : c + b;  // row i + b: row i's columns with bit b, its own with bit b
-    }
-    const __m512i li = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
-    for (int i = 0; i < 16; ++i) {
-      if (i & b) {
-        continue;
-      }
-      const __m512i a = r[i], c = r[i + b];
-      r[i] = _mm512_permutex2var_epi32(a, li, c);
-      r[i + b] = _mm512_permutex2var_epi32(a, hi, c);
+// 2 and 1 (permutex2var picks each lane from either row of a pair). Unrolled, so the rows stay in registers.
+template <int B>
+inline __m512i swap_index(bool upper) {
+  alignas(64) int32_t idx[16];
+  for (int c = 0; c < 16; ++c) {
+    // row i: its own columns without bit B, row i + B's below them; row i + B: row i's with bit B, its own
+    idx[c] = upper ? ((c & B) ? 16 + c : c + B) : ((c & B) ? 16 + c - B : c);
+  }
+  return _mm512_load_si512(idx);
+}
+
+template <int B>
+inline void transpose_stage(__m512i (&r)[16]) {
+  static const __m512i lo = swap_index<B>(false), hi = swap_index<B>(true);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) == 0) {
+      const __m512i a = r[i], c = r[i + B];
+      r[i] = _mm512_permutex2var_epi32(a, lo, c);
+      r[i + B] = _mm512_permutex2var_epi32(a, hi, c);
     }
   }
+}
+
+inline void transpose16(__m512i (&r)[16]) {
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
 }
 
 // 32 K elements of weight row n from k: bf16 pairs (exact for int8; the graph's scaled weight rounded to bf16).
@@ -559,10 +570,12 @@ void pack_panel(const Problem& p, int64_t n0, int64_t nb, int64_t k0, int64_t kc
     const int64_t c0 = v * 16, rows = std::clamp<int64_t>(nb - c0, 0, 16);
     for (int64_t k = 0; k < kv; k += 32) {
       __m512i r[16];
+#pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         r[i] = i < rows ? pairs_of_row(p, n0 + c0 + i, k0 + k) : _mm512_setzero_si512();
       }
       transpose16(r);  // r[q]: pair k / 2 + q of the 16 columns
+#pragma GCC unroll 16
       for (int q = 0; q < 16; ++q) {
         _mm512_storeu_si512(dst + (k / 2 + q) * kPanelN + c0, r[q]);
       }
@@ -1277,9 +1290,10 @@ constexpr int64_t kChunkedMinM = 16;
 constexpr int64_t kDpbf16MinM = 4;
 
 // From this M on, where oneDNN's bf16 GEMM runs on AVX512-BF16 (no AMX), auto takes the panel path for bf16 x
-// (avx512_bf16::run_panel): measured on an AVX512-BF16 EPYC (2 threads; BENCHMARKS.md, "AMD EPYC with
-// AVX512-BF16").
-constexpr int64_t kPanelMinM = 128;
+// (avx512_bf16::run_panel): on an AVX512-BF16 EPYC (2 threads; BENCHMARKS.md, "AMD EPYC with AVX512-BF16") the
+// panels ran 1.01-1.03x of bf16 F.linear at M = 64-96 against the in-register tiles' 0.92-1.05x, and the tiles
+// led at M = 32 (1.08-1.17x against 1.05-1.07x).
+constexpr int64_t kPanelMinM = 64;
 
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).

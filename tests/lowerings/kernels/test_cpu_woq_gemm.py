@@ -588,15 +588,15 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
 def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     """Where oneDNN's bf16 GEMM has no AMX (an AVX512-BF16 EPYC; here oneDNN capped), auto runs the fp32-FMA
     kernels below M = 4, the vdpbf16ps ones (int8 converted in registers, 8-row tiles) from there, and the
-    vdpbf16ps panels from M = 128, never the chunks (woq_gemm.cpp, kDpbf16MinM, kPanelMinM); each plan's
+    vdpbf16ps panels from M = 64, never the chunks (woq_gemm.cpp, kDpbf16MinM, kPanelMinM); each plan's
     numbers are the forced path's."""
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, raising=False)
     monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, raising=False)
     assert native.woq_gemm_plan(1, BF16) == "direct-avx512"
     assert native.woq_gemm_plan(4, BF16) == "direct-avx512_bf16"
-    assert native.woq_gemm_plan(127, BF16) == "direct-avx512_bf16"
-    assert native.woq_gemm_plan(128, BF16) == "panel-avx512_bf16"
+    assert native.woq_gemm_plan(63, BF16) == "direct-avx512_bf16"
+    assert native.woq_gemm_plan(64, BF16) == "panel-avx512_bf16"
     assert native.woq_gemm_plan(256, FP16) == "direct-avx512"  # vdpbf16ps: bf16 x only
     for m in (1, 4, 13, 300):  # 13, 300: 8-row tiles and a partial one
         x, w, s, b = _operands(m, 96, 72, BF16, seed=m)
