@@ -34,7 +34,7 @@ import qlower
 qlower.load_ops()  # registers torch.ops.qlower.*
 
 BF16 = torch.bfloat16
-DTYPES = {"bf16": BF16, "fp16": torch.float16}
+DTYPES = {"bf16": BF16, "fp16": torch.float16, "fp32": torch.float32}
 PATH_ENV = "QLOWER_CPU_WOQ_GEMM_PATH"  # lowerings/devices/cpu.py: WOQ_GEMM_PATH_ENV
 
 

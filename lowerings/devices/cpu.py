@@ -144,12 +144,16 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
     ("avx512", torch.float16): WOQ_GEMM_EVERY_M,
     ("avx512_bf16", torch.bfloat16): WOQ_GEMM_EVERY_M,
     ("avx512_bf16_no_amx", torch.float16): WOQ_GEMM_EVERY_M,
+    ("avx512_bf16_no_amx", torch.float32): WOQ_GEMM_EVERY_M,
 }
 # fp16 activations on AVX512 CPUs without AMX (without AVX512-FP16 too: oneDNN's fp16 GEMM is emulated there):
 # the kernel's fp32-FMA level ran 2.1-6.6x of fp16 F.linear at M = 1-1024 on the AVX512-BF16 EPYC (2 threads,
 # 4096^2 and 14336->4096), and 2.5-11.9x with oneDNN capped at AVX512_CORE, against dequant + GEMM's 0.06-1.00x
 # and `_weight_int8pack_mm`'s 0.08-0.19x (BENCHMARKS.md, "fp16 activations on AVX512 CPUs"). Keyed by tier
 # (woq_weight_tier): AMX Xeons have AVX512-FP16 and were not measured with fp16.
+# fp32 activations there too: 0.97-11.5x of fp32 F.linear at M = 1-1024 against dequant + GEMM's 0.13-1.05x and
+# int8pack's 0.07-0.51x (BENCHMARKS.md, "fp32 activations on the AVX512-BF16 EPYC"). Not the avx512 tier: its
+# Xeons' fp32 GEMM (MKL, two FMA units) was not measured, and MKL on this EPYC is no stand-in for it.
 # Small weights, per ISA level: the smallest K * N AUTO takes the op at (WOQ_GEMM_MIN_WEIGHT), and the K * N
 # below which a static M <= PACKED_MAX_M still takes `_weight_int8pack_mm` (WOQ_GEMM_SMALL_PACKED). avx2:
 # BENCHMARKS.md, "AMD EPYC, AVX2: small weights" (2 threads, the C++-registered kernel): from 128x128 to

@@ -367,10 +367,13 @@ def test_preference_table_holds_m_ranges(monkeypatch):
     assert prefers(_linear(128, k=2048, n=2048)) is None  # 2^22: every M
     # fp16: every M on AVX512 CPUs without AMX (the tier's key before the ISA's), not measured with AMX
     assert all(prefers(_linear(m, FP16)) is None for m in (1, 64, 1024, dynamic_m))
+    assert all(prefers(_linear(m, FP32)) is None for m in (1, 64, 1024, dynamic_m))
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert "not measured faster" in prefers(_linear(64, FP16))
+    assert "not measured faster" in prefers(_linear(64, FP32))
     monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, "avx512")
     assert all(prefers(_linear(m, dtype)) is None for m in (1, 64, 1024, dynamic_m) for dtype in (BF16, FP16))
+    assert "not measured faster" in prefers(_linear(64, FP32))
 
 
 def test_forced_isa_is_checked(monkeypatch):
