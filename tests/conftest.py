@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import qlower
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
@@ -21,12 +23,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _isolated_compiles():
-    """Each test compiles from scratch: no Dynamo state, no FX-graph or AOTAutograd cache hits across tests.
+    """Each test compiles from scratch: no Dynamo state, no FX-graph or AOTAutograd cache hits across tests,
+    and an empty report history (it keeps the last 64 reports: a test counting them after a worker's earlier
+    tests filled it would see the count stand still).
 
     Cache hits would skip qlower's pass (no report) and, for tensor subclasses without a stable cache hash
     (torchao's Int8Tensor), can even return another test's graph. Tests of caching turn them back on.
     """
     torch._dynamo.reset()
+    qlower.clear_reports()
     torch.manual_seed(0)
     saved = torch._inductor.config.get_config_copy()  # torchao's quantize_ flips global Inductor knobs
     with (
