@@ -262,37 +262,26 @@ def test_panel_blocks_match_float64(threads, monkeypatch):
     _shapes_match_float64("panel", PANEL_SHAPES, BF16, seed=8, threads=threads)
 
 
-@pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
-def test_panel_special_values_follow_eager(monkeypatch):
-    """inf and NaN activations on the panel path: non-finite exactly where eager's bf16 F.linear is (an x row
-    followed by infs past K is read only up to K), the finite rest within bf16 bounds."""
-    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "panel")
-    x, w, s, b = _operands(40, 46, 50, BF16, seed=9)
-    x[3, 7] = float("inf")
-    x[20, 0] = float("nan")
-    w[5].zero_()
-    wide = torch.full((40, 64), float("inf"), dtype=BF16)
-    wide[:, :46] = x
-    got = _call(wide[:, :46], w, s, b, "output_scale_bias")
-    eager = F.linear(x.float(), w.float()).to(BF16) * s + b
-    assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
-    assert torch.equal(torch.isnan(got), torch.isnan(eager))
-    finite = torch.isfinite(eager)
-    torch.testing.assert_close(got[finite], eager[finite], atol=2e-2, rtol=2**-7)
+# (path, K, seed): the AMX path with an odd K, the panel path with an even one (an odd K runs the direct kernels)
+SPECIAL_VALUE_PATHS = (("amx", 45, 6), ("panel", 46, 9))
 
 
-def test_amx_special_values_follow_eager(monkeypatch):
+@pytest.mark.parametrize("path, k, seed", SPECIAL_VALUE_PATHS, ids=[p[0] for p in SPECIAL_VALUE_PATHS])
+def test_special_values_follow_eager(path, k, seed, monkeypatch):
     """inf and NaN activations, and an x whose next row (read past K by a careless tile) holds inf: non-finite
     exactly where eager's bf16 F.linear is, the finite rest within bf16 bounds."""
-    skip_without_amx()
-    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, "amx")
-    x, w, s, b = _operands(40, 45, 36, BF16, seed=6)
+    if path == "amx":
+        skip_without_amx()
+    elif "avx512_bf16" not in native.supported_isas():
+        pytest.skip("the panel path needs AVX512-BF16")
+    monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, path)
+    x, w, s, b = _operands(40, k, 36, BF16, seed=seed)
     x[3, 7] = float("inf")
     x[20, 0] = float("nan")
     w[5].zero_()  # inf * 0 = NaN in row 3, column 5, as in eager
     wide = torch.full((40, 64), float("inf"), dtype=BF16)
-    wide[:, :45] = x  # rows of 64 elements: K = 45 leaves 19 infs after each row
-    got = _call(wide[:, :45], w, s, b, "output_scale_bias")
+    wide[:, :k] = x  # rows of 64 elements: infs after each row's K
+    got = _call(wide[:, :k], w, s, b, "output_scale_bias")
     eager = F.linear(x.float(), w.float()).to(BF16) * s + b
     assert torch.equal(torch.isfinite(got), torch.isfinite(eager))
     assert torch.equal(torch.isnan(got), torch.isnan(eager))
