@@ -165,15 +165,15 @@ WOQ_GEMM_MAX_M: dict[tuple[str, torch.dtype], tuple[int, int | None]] = {
 WOQ_GEMM_MIN_WEIGHT: dict[str, int] = {"avx2": 0}
 WOQ_GEMM_MIN_WEIGHT_DEFAULT = 2**22
 # The small-weight tables are keyed by `woq_weight_tier`: the ISA level, split at avx512_bf16 by whether the CPU
-# has AMX tiles. AVX512-BF16 without AMX (an EPYC, 2 threads, `python scripts/bench_cpu_woq_gemm.py --threads 2
-# --shapes 512x512,1024x1024,512x1536,2048x2048 --ms 1,4,16,128 --paths auto --rounds 3`; BENCHMARKS.md, "AMD
-# EPYC with AVX512-BF16"): below K * N = 2^22 the op still ran 1.10-1.30x of bf16 at M = 16 against
-# `_weight_int8pack_mm`'s 0.59-0.76x and dequant + GEMM's 0.60-0.69x, and 1.66-3.4x at M = 1-4 (int8pack ahead
-# only at 512x512, M = 1: 0.009 vs 0.012 ms), but lost at M = 128 (0.74-0.88x against dequant + GEMM's
-# 0.82-0.93x): there small weights take it for a static M up to WOQ_GEMM_SMALL_MAX_M, int8pack below K * N =
-# 2^19 at M <= 8.
+# has AMX tiles. AVX512-BF16 without AMX (an EPYC, 2 threads, `python -m scripts.bench_cpu_woq_gemm --threads 2
+# --shapes 512x512,1024x1024,512x1536,2048x2048 --ms 1,4,16,32,64,128,256 --paths auto --rounds 3`;
+# BENCHMARKS.md, "AMD EPYC with AVX512-BF16"): below K * N = 2^22 the op ran 0.79-1.26x of bf16 at M = 16-128
+# against dequant + GEMM's 0.59-0.94x (and `_weight_int8pack_mm`'s 0.61-0.77x at M = 16), 1.5-4.0x at M = 1-4
+# (int8pack ahead only at 512x512, M = 1-4), and tied dequant + GEMM at M = 256 (0.92-0.98x against
+# 0.86-0.96x; another run had the op behind by up to 0.04x): there small weights take it for a static M up to
+# WOQ_GEMM_SMALL_MAX_M, int8pack below K * N = 2^19 at M <= 8.
 WOQ_GEMM_SMALL_PACKED: dict[str, int] = {"avx2": 2**19, "avx512_bf16_no_amx": 2**19}
-WOQ_GEMM_SMALL_MAX_M: dict[str, int] = {"avx512_bf16_no_amx": 16}  # below WOQ_GEMM_MIN_WEIGHT, static M only
+WOQ_GEMM_SMALL_MAX_M: dict[str, int] = {"avx512_bf16_no_amx": 128}  # below WOQ_GEMM_MIN_WEIGHT, static M only
 
 
 def woq_weight_tier(isa: str) -> str:

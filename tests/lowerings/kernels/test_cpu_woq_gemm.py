@@ -346,11 +346,12 @@ def test_preference_table_holds_m_ranges(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert "WOQ_GEMM_MIN_WEIGHT" in prefers(_linear(4, k=1024, n=2048))
     assert prefers(_linear(4, k=2048, n=2048)) is None  # the (0, 4) patched above
-    # without AMX: small weights at a static M <= 16 (int8pack below K*N = 2^19 at M <= 8)
+    # without AMX: small weights at a static M <= 128 (int8pack below K*N = 2^19 at M <= 8)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setitem(cpu_lowerings.WOQ_GEMM_MAX_M, ("avx512_bf16", BF16), cpu_lowerings.WOQ_GEMM_EVERY_M)
     assert prefers(_linear(16, k=1024, n=1024)) is None and prefers(_linear(1, k=1024, n=512)) is None
-    assert "WOQ_GEMM_MIN_WEIGHT" in prefers(_linear(17, k=1024, n=1024))
+    assert prefers(_linear(128, k=1024, n=1024)) is None
+    assert "WOQ_GEMM_MIN_WEIGHT" in prefers(_linear(129, k=1024, n=1024))
     assert "WOQ_GEMM_MIN_WEIGHT" in prefers(_linear(dynamic_m, k=1024, n=1024))
     assert "WOQ_GEMM_SMALL_PACKED" in prefers(_linear(1, k=512, n=512))
     assert prefers(_linear(128, k=2048, n=2048)) is None  # 2^22: every M
