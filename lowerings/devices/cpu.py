@@ -91,7 +91,7 @@ def _supports_packed_by_m(rec: QuantLinear) -> str | None:
 # `QLOWER_CPU_WOQ_GEMM_PATH=auto|direct|chunked|amx|panel` forces one; auto (`plan_call` in the kernel) takes amx
 # for bf16 x from M = 8 to 128 where the CPU has AMX tiles (`kAmxMinM`, `kAmxMaxM`), chunked for bf16 x at the
 # avx512_bf16 level from M = 16 on where oneDNN's bf16 GEMM runs on AMX (`kChunkedMinM`, `amx_bf16_gemm`),
-# panel for bf16 x at that level from M = 64 where it does not (`kPanelMinM`), direct otherwise (the avx512
+# panel for bf16 x at that level from M = 64 where it does not (M = 32 with K <= 2048; `kPanelMinM`), direct otherwise (the avx512
 # fp32-FMA kernels below M = 4 there). The report names the path a record runs (woq_gemm_tier).
 # AUTO takes the op where it was measured faster than every other lowering, per ISA level (cpu_woq_isa; or its
 # tier, woq_weight_tier, where an entry names one) and activation dtype, with the kernel's auto path:
@@ -265,10 +265,11 @@ def woq_gemm_tier(rec: QuantLinear) -> str:
     """The kernel's path and ISA tier for this record, as the kernel itself decides (native.woq_gemm_plan):
     one for a static M, else the path at each of PLAN_SAMPLE_M."""
     nk = rec.weight_layout == "NK"
+    k = int(rec.k) if is_static(rec.k) else 0
     if is_static(rec.m):
-        return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk)
+        return native.woq_gemm_plan(int(rec.m), rec.compute_dtype, nk, k)
     return "by M: " + ", ".join(
-        f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk)}" for m in PLAN_SAMPLE_M
+        f"{m} {native.woq_gemm_plan(m, rec.compute_dtype, nk, k)}" for m in PLAN_SAMPLE_M
     )
 
 

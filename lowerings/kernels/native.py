@@ -110,11 +110,12 @@ def supported_isas() -> tuple[str, ...]:
     return tuple(ops().woq_int8_gemm_isas().split(","))
 
 
-def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True) -> str:
+def woq_gemm_plan(m: int, dtype: torch.dtype, nk: bool = True, k: int = 0) -> str:
     """The path and ISA level qlower::woq_int8_gemm takes for M rows of `dtype` activations (nk: a [N, K]
-    weight) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the kernel's own decision
+    weight; k: K, 0 when not known) on this CPU ("amx_bf16", "chunked-avx512_bf16", "direct-avx512", ...): the
+    kernel's own decision
     (`plan_call` in csrc/woq_gemm.cpp), honouring QLOWER_CPU_WOQ_GEMM_PATH and QLOWER_CPU_WOQ_ISA."""
-    return ops().woq_int8_gemm_plan(m, dtype, nk)
+    return ops().woq_int8_gemm_plan(m, dtype, nk, k)
 
 
 def int8_gemm_isa() -> str:

@@ -137,6 +137,7 @@ inline void prefetch_row(const Problem& p, const Block& next, int64_t j) {
 constexpr int kMaxMr = 8;  // the avx512_bf16 kernels; the others stop at 4 (Isa::kMr)
 constexpr int64_t kDirectMaxM = 8;  // Kernels::direct_max_m of every level but avx512_bf16 (kDirectMaxMBf16)
 constexpr int kMaxNr = 8;
+constexpr int64_t kPanelKc = 2048;  // K per panel of the panel path: 2048 x 48 x 2 bytes = 192 KiB, in L2
 
 // c[i * ldc + j] += sum_k a[i][k] * b[j][k] for an MR x NR tile over kc elements of K.
 using TileFn = void (*)(const void* a, int64_t lda, const void* b, int64_t ldb, int64_t kc, float* c,
@@ -507,7 +508,6 @@ void pack_b(const Problem& p, const Block& blk, const Block& next, void* dst_, i
 constexpr int kPanelVecs = 3;                  // accumulator vectors per row: 48 output columns
 constexpr int64_t kPanelN = 16 * kPanelVecs;  // output columns per panel
 constexpr int kPanelMr = 8;                    // rows per micro-kernel: 24 accumulators + 3 B + 1 A of 32 zmm
-constexpr int64_t kPanelKc = 2048;             // K per panel: 2048 x 48 x 2 bytes = 192 KiB, in L2
 constexpr int64_t kPanelMc = 512;              // x rows per work unit (the panel is converted once per unit)
 
 // The transpose of a 16 x 16 matrix of 32-bit elements held as 16 rows: swaps of off-diagonal blocks of 8, 4,
@@ -1294,6 +1294,12 @@ constexpr int64_t kDpbf16MinM = 4;
 // panels ran 1.01-1.03x of bf16 F.linear at M = 64-96 against the in-register tiles' 0.92-1.05x, and the tiles
 // led at M = 32 (1.08-1.17x against 1.05-1.07x).
 constexpr int64_t kPanelMinM = 64;
+// ... and from this M where one panel holds all of K (K <= kPanelKc): with few K steps per output the
+// in-register tiles convert each weight vector once per 8 rows over too little work. Small weights on the same
+// EPYC (`--shapes 512x512,1024x1024,512x1536,2048x2048 --ms 16,32,48 --paths panel,direct --rounds 3`): panels
+// 1.00-1.12x at M = 32 and 0.92-1.11x at 48 against the tiles' 0.84-1.04x and 0.73-0.88x; at M = 16 the tiles
+// led (0.89-1.11x against 0.92-1.06x).
+constexpr int64_t kPanelMinMOneBlock = 32;
 
 // Whether ATen's bf16 GEMM (oneDNN) runs on AMX here: CPUID's AMX-BF16 bit, unless ONEDNN_MAX_CPU_ISA caps
 // oneDNN below AMX (its values that allow AMX name it: AVX512_CORE_AMX, AVX10_1_512_AMX, ...; or ALL).
@@ -1366,9 +1372,10 @@ struct Plan {
   Level level;
 };
 
-// The path of a call with M rows of `act` activations (nk: a [N, K] weight, contiguous along K): the forced
-// one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the operands it serves, else as auto), else auto's.
-Plan plan_call(int64_t M, DType act, bool nk) {
+// The path of a call with M rows of `act` activations and K of reduction (0: not known, taken as long; nk: a
+// [N, K] weight, contiguous along K): the forced one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the
+// operands it serves, else as auto), else auto's.
+Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
   Level level = chosen_level();
   if (level == Level::Avx512Bf16 && act != DType::BF16) {
     level = Level::Avx512;  // vdpbf16ps serves bf16 activations only (kernels_for)
@@ -1385,7 +1392,8 @@ Plan plan_call(int64_t M, DType act, bool nk) {
   }
   const bool amx_gemm = amx_bf16_gemm();
   const bool panel_fits = native_bf16_gemm && nk;
-  if ((path == Path::Panel && panel_fits) || (path == Path::Auto && panel_fits && !amx_gemm && M >= kPanelMinM)) {
+  const int64_t panel_min_m = K > 0 && K <= kPanelKc ? kPanelMinMOneBlock : kPanelMinM;
+  if ((path == Path::Panel && panel_fits) || (path == Path::Auto && panel_fits && !amx_gemm && M >= panel_min_m)) {
     return {Path::Panel, level};
   }
   const bool chunked_auto = native_bf16_gemm && amx_gemm && M >= kChunkedMinM;
@@ -1411,10 +1419,11 @@ DType dtype_of(at::ScalarType t, const char* what) {
   }
 }
 
-// The path and ISA level a call of M rows of x's dtype takes on this CPU (nk: a [N, K] weight): "amx_bf16",
+// The path and ISA level a call of M rows of x's dtype takes on this CPU (nk: a [N, K] weight; K: its
+// reduction length, 0 when not known): "amx_bf16",
 // "chunked-avx512_bf16", "direct-avx2", ... (the report's kernel tier: the kernel decides, Python only asks).
-std::string plan_name(int64_t M, at::ScalarType x, bool nk) {
-  const Plan plan = plan_call(M, dtype_of(x, "x"), nk);
+std::string plan_name(int64_t M, at::ScalarType x, bool nk, int64_t K) {
+  const Plan plan = plan_call(M, K, dtype_of(x, "x"), nk);
   if (plan.path == Path::Amx) {
     return "amx_bf16";
   }
@@ -1473,7 +1482,7 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
   p.M = M;
   p.N = N;
   p.K = K;
-  const Plan plan = plan_call(M, p.act, p.sk == 1);
+  const Plan plan = plan_call(M, K, p.act, p.sk == 1);
   switch (plan.path) {
 #ifdef QLOWER_WOQ_X86
     case Path::Amx:
@@ -1510,7 +1519,7 @@ TORCH_LIBRARY(qlower_native, m) {
       "ScalarType out_dtype) -> Tensor",
       TORCH_FN(qlower::woq_int8_gemm));
   m.def("woq_int8_gemm_isas() -> str", &qlower::woq::supported_isas);
-  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk) -> str", &qlower::woq::plan_name);
+  m.def("woq_int8_gemm_plan(int M, ScalarType x, bool nk, int K=0) -> str", &qlower::woq::plan_name);
 }
 // qlower::woq_int8_gemm's CPU kernel in qlower's own process (its schema and first-call Python kernel:
 // lowerings/kernels/custom_ops.py): compiled graphs call it without a Python frame.

@@ -569,19 +569,21 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
     report = apply_pass(fake_woq_graph("cpu", m=m, k=4096, n=64))
     row = report.entries[0]
     assert row.lowering == "qlower.woq_int8_gemm", report.table()
-    assert row.why.endswith(f"[{native.woq_gemm_plan(m, BF16)}]"), row.why
+    assert row.why.endswith(f"[{native.woq_gemm_plan(m, BF16, True, 4096)}]"), row.why
     rec = SimpleNamespace(
-        m=ShapeEnv().create_unbacked_symint().node.expr, compute_dtype=BF16, weight_layout="NK"
+        m=ShapeEnv().create_unbacked_symint().node.expr, k=4096, compute_dtype=BF16, weight_layout="NK"
     )
     tier = cpu_lowerings.woq_gemm_tier(rec)
-    assert tier.startswith("by M: 1 ") and f"1024 {native.woq_gemm_plan(1024, BF16)}" in tier, tier
+    assert tier.startswith("by M: 1 ") and f"1024 {native.woq_gemm_plan(1024, BF16, True, 4096)}" in tier, (
+        tier
+    )
 
 
 @pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
 def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     """Where oneDNN's bf16 GEMM has no AMX (an AVX512-BF16 EPYC; here oneDNN capped), auto runs the fp32-FMA
     kernels below M = 4, the vdpbf16ps ones (int8 converted in registers, 8-row tiles) from there, and the
-    vdpbf16ps panels from M = 64, never the chunks (woq_gemm.cpp, kDpbf16MinM, kPanelMinM); each plan's
+    vdpbf16ps panels from M = 64 (32 where K <= 2048), never the chunks (woq_gemm.cpp, kDpbf16MinM, kPanelMinM); each plan's
     numbers are the forced path's."""
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     monkeypatch.delenv(cpu_lowerings.WOQ_GEMM_ISA_ENV, raising=False)
@@ -590,11 +592,15 @@ def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     assert native.woq_gemm_plan(4, BF16) == "direct-avx512_bf16"
     assert native.woq_gemm_plan(63, BF16) == "direct-avx512_bf16"
     assert native.woq_gemm_plan(64, BF16) == "panel-avx512_bf16"
+    # one panel holds all of K from K <= 2048: the panels from M = 32 (K unknown: taken as long)
+    assert native.woq_gemm_plan(31, BF16, True, 2048) == "direct-avx512_bf16"
+    assert native.woq_gemm_plan(32, BF16, True, 2048) == "panel-avx512_bf16"
+    assert native.woq_gemm_plan(32, BF16, True, 2050) == "direct-avx512_bf16"
     assert native.woq_gemm_plan(256, FP16) == "direct-avx512"  # vdpbf16ps: bf16 x only
-    for m in (1, 4, 13, 300):  # 13, 300: 8-row tiles and a partial one
+    for m in (1, 4, 13, 40, 300):  # 13, 40, 300: 8-row tiles and a partial one; 40: panels as K = 96
         x, w, s, b = _operands(m, 96, 72, BF16, seed=m)
         auto = _call(x, w, s, b, "output_scale_bias")
-        plan = native.woq_gemm_plan(m, BF16)
+        plan = native.woq_gemm_plan(m, BF16, True, 96)
         path, _, level = ("amx", "", "") if plan == "amx_bf16" else plan.partition("-")
         monkeypatch.setenv(cpu_lowerings.WOQ_GEMM_PATH_ENV, path)
         if level:
