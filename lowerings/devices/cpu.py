@@ -210,21 +210,14 @@ def _supports_woq_gemm(rec: QuantLinear) -> str | None:
 def woq_gemm_preferred(rec: QuantLinear) -> str | None:
     """None where AUTO takes qlower.woq_int8_gemm over the other CPU woq lowerings (WOQ_GEMM_MAX_M), else why not."""
     isa = cpu_woq_isa()
-    key = next(
-        (
-            k
-            for k in ((woq_weight_tier(isa), rec.compute_dtype), (isa, rec.compute_dtype))
-            if k in WOQ_GEMM_MAX_M
-        ),
-        None,
-    )
-    if key is None:
+    tier = woq_weight_tier(isa)
+    m_range = WOQ_GEMM_MAX_M.get((tier, rec.compute_dtype), WOQ_GEMM_MAX_M.get((isa, rec.compute_dtype)))
+    if m_range is None:
         return f"not measured faster on the {isa} path with {rec.compute_dtype} activations (WOQ_GEMM_MAX_M)"
-    min_m, max_m = WOQ_GEMM_MAX_M[key]
+    min_m, max_m = m_range
     if not (is_static(rec.k) and is_static(rec.n)):
         return f"K={rec.k}, N={rec.n} are not static: the weight-size limits below need them"
     weight = int(rec.k) * int(rec.n)
-    tier = woq_weight_tier(isa)
     min_weight = WOQ_GEMM_MIN_WEIGHT.get(tier, WOQ_GEMM_MIN_WEIGHT_DEFAULT)
     small_max_m = WOQ_GEMM_SMALL_MAX_M.get(tier)
     small_m = small_max_m is not None and is_static(rec.m) and int(rec.m) <= small_max_m

@@ -1372,9 +1372,9 @@ struct Plan {
   Level level;
 };
 
-// The path of a call with M rows of `act` activations and K of reduction (0: not known, taken as long; nk: a
-// [N, K] weight, contiguous along K): the forced one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx only for the
-// operands it serves, else as auto), else auto's.
+// The path of a call with M rows of `act` activations and K of reduction (0: not known, taken as long and even;
+// nk: a [N, K] weight, contiguous along K): the forced one where QLOWER_CPU_WOQ_GEMM_PATH names it (amx and
+// panel only for the operands they serve, else as auto), else auto's.
 Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
   Level level = chosen_level();
   if (level == Level::Avx512Bf16 && act != DType::BF16) {
@@ -1391,7 +1391,7 @@ Plan plan_call(int64_t M, int64_t K, DType act, bool nk) {
     return {Path::Amx, Level::Avx512};  // the avx512 epilogue finishes the tiles' sums
   }
   const bool amx_gemm = amx_bf16_gemm();
-  const bool panel_fits = native_bf16_gemm && nk;
+  const bool panel_fits = native_bf16_gemm && nk && K % 2 == 0;  // x's rows are read as bf16 pairs
   const int64_t panel_min_m = K > 0 && K <= kPanelKc ? kPanelMinMOneBlock : kPanelMinM;
   if ((path == Path::Panel && panel_fits) || (path == Path::Auto && panel_fits && !amx_gemm && M >= panel_min_m)) {
     return {Path::Panel, level};
@@ -1489,11 +1489,7 @@ at::Tensor woq_int8_gemm(const at::Tensor& x, const at::Tensor& w_nk, const std:
       amx::run(p, kernels_for(plan.level, p.act));
       break;
     case Path::Panel:
-      if (K % 2 == 0) {  // x's rows are read as bf16 pairs
-        avx512_bf16::run_panel(p);
-      } else {
-        run(p, kernels_for(plan.level, p.act));
-      }
+      avx512_bf16::run_panel(p);
       break;
 #endif
     case Path::Chunked:

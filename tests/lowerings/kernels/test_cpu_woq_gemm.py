@@ -596,6 +596,7 @@ def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     assert native.woq_gemm_plan(31, BF16, True, 2048) == "direct-avx512_bf16"
     assert native.woq_gemm_plan(32, BF16, True, 2048) == "panel-avx512_bf16"
     assert native.woq_gemm_plan(32, BF16, True, 2050) == "direct-avx512_bf16"
+    assert native.woq_gemm_plan(64, BF16, True, 33) == "direct-avx512_bf16"  # odd K: the pairs do not fit
     assert native.woq_gemm_plan(256, FP16) == "direct-avx512"  # vdpbf16ps: bf16 x only
     for m in (1, 4, 13, 40, 300):  # 13, 40, 300: 8-row tiles and a partial one; 40: panels as K = 96
         x, w, s, b = _operands(m, 96, 72, BF16, seed=m)
