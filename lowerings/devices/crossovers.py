@@ -36,6 +36,10 @@ DYNAMIC_INT8_TRITON_MAX_M: int | None = None
 # branch from the range's start.
 CUTLASS_W8A16_M_RANGE: tuple[int, int | None] = (128, 4096)
 
+# MXFP4 weight-only with bf16 x, qlower's CUTLASS MXFP4 GEMM (sm_90a): the static M range AUTO ranks it first in,
+# ahead of the Triton MX op (lowest, highest or None). PENDING MEASUREMENT.
+CUTLASS_MXFP4_M_RANGE: tuple[int, int | None] = (64, None)
+
 # MX, qlower's Triton MX op -> the emulation, for weight-only MX other than MXFP4 with bf16 x: the op's decode
 # kernels serve M <= 16 (2x bf16); above it the op runs the tile kernel, measured at 0.16-0.43x bf16 at
 # M = 128-4096 on sm_90, below the emulation's 0.85-0.93x (BENCHMARKS.md, "CUDA, mx"). MXFP4 with bf16 x keeps

@@ -26,7 +26,7 @@ from qlower.lowerings.devices.capability import (
     override_cuda_capability,  # noqa: F401  (tests use it here)
 )
 from qlower.lowerings.devices.common import int8_operands, spec_layout_blocker, weight_scale_range_blocker
-from qlower.lowerings.devices.cuda_cutlass import WOQ_INT8_CUTLASS
+from qlower.lowerings.devices.cuda_cutlass import MXFP4_CUTLASS, WOQ_INT8_CUTLASS
 from qlower.lowerings.devices.emulated import DYNAMIC_INT8_EMULATED, MX_EMULATED, WOQ_INT8_DEQUANT_MM
 from qlower.lowerings.emit.dynamic_int8 import make_emit_int_mm_min_m
 from qlower.lowerings.emit.mx import emit_scaled_mm
@@ -344,6 +344,7 @@ def register() -> None:
             DYNAMIC_INT8_INT_MM_CUDA,
             DYNAMIC_INT8_EMULATED,
             MX_SCALED_MM,
+            MXFP4_CUTLASS,
             MX_TRITON,
             MX_EMULATED_CUDA,
         ],

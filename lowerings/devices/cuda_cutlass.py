@@ -22,10 +22,15 @@ import os
 import torch
 
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
-from qlower.lowerings.devices.common import weight_scale_range_blocker
-from qlower.lowerings.devices.crossovers import CUTLASS_W8A16_M_RANGE
-from qlower.lowerings.emit.cutlass import emit_woq_int8_cutlass
-from qlower.lowerings.kernels.cutlass.configs import K_MULTIPLE, N_MULTIPLE
+from qlower.lowerings.devices.common import spec_layout_blocker, weight_scale_range_blocker
+from qlower.lowerings.devices.crossovers import CUTLASS_MXFP4_M_RANGE, CUTLASS_W8A16_M_RANGE
+from qlower.lowerings.emit.cutlass import emit_mxfp4_cutlass, emit_woq_int8_cutlass
+from qlower.lowerings.kernels.cutlass.configs import (
+    K_MULTIPLE,
+    MXFP4_K_MULTIPLE,
+    MXFP4_N_MULTIPLE,
+    N_MULTIPLE,
+)
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering
 from qlower.lowerings.scale_facts import scale_after_kernel
@@ -76,12 +81,19 @@ def _operand_blocker(rec: QuantLinear) -> str | None:
     return None
 
 
-def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
+def _device_blocker(rec: QuantLinear) -> str | None:
     if rec.device.type != "cuda":
         return f"device {rec.device} is not CUDA"
     cap = cuda_capability(rec.device)
     if cap != SM90A:
         return f"the CUTLASS library holds sm_90a code, for capability 9.0 only; this device's is {describe_capability(cap)}"
+    return None
+
+
+def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
+    why = _device_blocker(rec)
+    if why:
+        return why
     if _aoti() and os.environ.get(AOTI_SWITCH, "1") == "0":
         return f"AOTInductor: {AOTI_SWITCH}=0 keeps packages on the Triton kernels (no nvcc objects linked)"
     why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
@@ -158,4 +170,70 @@ WOQ_INT8_CUTLASS = Lowering(
     emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_W8A16_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
     detail=cutlass_configuration,
+)
+
+
+# --------------------------------------------------------------------- MXFP4 weight-only
+def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
+    """Weight-only MX with e2m1 elements in 32-element blocks (the OCP layout), bf16 x and output, the weight
+    stored [N, K/2] bytes, static K a multiple of the kernel's K tile (128) and N of 8. Not under AOTInductor:
+    the op has no C shim (the Triton MX op serves packages)."""
+    why = _device_blocker(rec)
+    if why:
+        return why
+    if _aoti():
+        return "AOTInductor: the MXFP4 CUTLASS op has no C shim; packages keep the Triton MX kernels"
+    d = rec.weight_mx
+    if d is None or d.elem != "e2m1" or rec.weight_block != 32:
+        return "not MXFP4 (e2m1 elements, one scale per 32)"
+    if rec.act_quant is not None:
+        return "MX activations: the kernel takes bf16 x (weight-only MX)"
+    xv = tensor_val(rec.x)
+    if rec.compute_dtype != torch.bfloat16 or xv is None or xv.dtype != torch.bfloat16 or xv.dim() != 2:
+        return f"activation dtype {rec.compute_dtype}: the kernel takes 2-D bf16 x (fp16 x keeps the Triton kernels)"
+    if rec.out_dtype != torch.bfloat16:
+        return f"output dtype {rec.out_dtype} (the kernel writes bf16)"
+    if rec.weight_layout != "NK":
+        return "weight is not stored [N, K/2] (the kernel's TMA rows run along K)"
+    if not (is_static(rec.k) and is_static(rec.n)):
+        return f"K={rec.k} or N={rec.n} is dynamic"
+    k, n = int(rec.k), int(rec.n)
+    if k % MXFP4_K_MULTIPLE or n % MXFP4_N_MULTIPLE or n == 0:
+        return f"needs K % {MXFP4_K_MULTIPLE} == 0 and N % {MXFP4_N_MULTIPLE} == 0 (K={k}, N={n})"
+    return spec_layout_blocker(rec)
+
+
+def prefer_mxfp4_cutlass(rec: QuantLinear) -> str | None:
+    """AUTO: a static M in `CUTLASS_MXFP4_M_RANGE`. A symbolic M keeps the Triton MX op, whose run-time choice
+    has no CUTLASS branch."""
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    if not is_static(rec.m):
+        return "a symbolic M keeps the Triton MX op (its run-time choice has no CUTLASS branch)"
+    m = int(rec.m)
+    if m < lo or (hi is not None and m > hi):
+        return f"M={m} outside the MXFP4 CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
+    return None
+
+
+def mxfp4_configuration(rec: QuantLinear) -> str:
+    """The tile, cluster, schedule and split the kernel runs (`mxfp4.choose`, per call for a symbolic M)."""
+    from qlower.lowerings.kernels.cutlass import mxfp4
+
+    if not (is_static(rec.m) and is_static(rec.n) and is_static(rec.k)):
+        return "configuration chosen per call by M (lowerings/kernels/cutlass/mxfp4.py: choose)"
+    choice = mxfp4.choose(int(rec.m), int(rec.n), int(rec.k))
+    split = f", split-K {choice.splits}" if choice.splits else ""
+    return f"configuration {choice.config}{split}"
+
+
+MXFP4_CUTLASS = Lowering(
+    name="cutlass.mxfp4_weight_only",
+    family="mx",
+    kind=KernelPreference.CUTLASS,
+    supports=supports_mxfp4_cutlass,
+    prefer=prefer_mxfp4_cutlass,
+    available=cutlass_library_built,
+    emit=emit_mxfp4_cutlass,
+    doc="qlower CUTLASS MXFP4 GEMM (sm_90a): e2m1 converted in registers with each 32-block's scale, bias in the epilogue",
+    detail=mxfp4_configuration,
 )

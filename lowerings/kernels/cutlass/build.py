@@ -32,10 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qlower.lowerings.kernels.cpp_build import cache_root
-from qlower.lowerings.kernels.cutlass.configs import W8A16_CONFIGS, Config
+from qlower.lowerings.kernels.cutlass.configs import MXFP4_CONFIGS, W8A16_CONFIGS, Config
 
 CUDA_SRC = Path(__file__).resolve().parent.parent / "csrc" / "cuda"
 W8A16_SOURCE = CUDA_SRC / "w8a16_sm90.cu"
+MXFP4_SOURCE = CUDA_SRC / "mxfp4_sm90.cu"
+MXFP4_OBJECT_PREFIX = (
+    "mxfp4_"  # W8A16 objects are named by their configuration alone (the AOTInductor shim links them)
+)
 LIBRARY_NAME = "libqlower_cutlass_sm90.so"
 ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)  # wgmma and setmaxnreg need the `a` target
 NVCC_FLAGS = (
@@ -163,18 +167,21 @@ def _define_flags(cfg: Config) -> list[str]:
     return [f"-D{k}={v}" for k, v in cfg.macros().items()]
 
 
-def compile_command(tc: Toolchain, cfg: Config, out: Path) -> list[str]:
+def compile_command(tc: Toolchain, cfg: Config, out: Path, source: Path = W8A16_SOURCE) -> list[str]:
     incs = [f"-I{p}" for p in (*tc.includes, CUDA_SRC)]
-    return [str(tc.nvcc), *NVCC_FLAGS, *incs, *_define_flags(cfg), "-c", str(W8A16_SOURCE), "-o", str(out)]
+    return [str(tc.nvcc), *NVCC_FLAGS, *incs, *_define_flags(cfg), "-c", str(source), "-o", str(out)]
 
 
-def _digest(tc: Toolchain, configs: tuple[Config, ...]) -> str:
+def _digest(
+    tc: Toolchain, configs: tuple[Config, ...], mxfp4_configs: tuple[Config, ...] = MXFP4_CONFIGS
+) -> str:
     """Names the build folder: what nvcc reads (the .cu and .h files; not the C++ of the AOTInductor shim
     beside them), the flags, the configurations and the toolchain."""
     h = hashlib.sha256()
     for src in sorted(p for p in CUDA_SRC.iterdir() if p.suffix in (".cu", ".h")):
         h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    h.update(repr((NVCC_FLAGS, [c.macros() for c in configs], tc.versions)).encode())
+    macros = ([c.macros() for c in configs], [c.macros() for c in mxfp4_configs])
+    h.update(repr((NVCC_FLAGS, macros, tc.versions)).encode())
     return h.hexdigest()[:16]
 
 
@@ -182,23 +189,41 @@ def build_dir() -> Path:
     return cache_root().parent / "cuda"
 
 
-def _compile_all(tc: Toolchain, configs: tuple[Config, ...], work: Path, jobs: int) -> list[Path]:
-    def one(cfg: Config) -> Path:
-        obj = work / f"{cfg.name}.o"
-        proc = subprocess.run(compile_command(tc, cfg, obj), capture_output=True, text=True, check=False)
+def _compile_all(
+    tc: Toolchain,
+    configs: tuple[Config, ...],
+    work: Path,
+    jobs: int,
+    mxfp4_configs: tuple[Config, ...] = (),
+) -> list[Path]:
+    """One object per configuration: the W8A16 source's `configs` and the MXFP4 source's `mxfp4_configs`."""
+    units = [(W8A16_SOURCE, cfg, cfg.name) for cfg in configs]
+    units += [(MXFP4_SOURCE, cfg, MXFP4_OBJECT_PREFIX + cfg.name) for cfg in mxfp4_configs]
+
+    def one(unit: tuple[Path, Config, str]) -> Path:
+        source, cfg, stem = unit
+        obj = work / f"{stem}.o"
+        proc = subprocess.run(
+            compile_command(tc, cfg, obj, source), capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
-            raise CudaBuildError(f"qlower: nvcc failed on {cfg.name}:\n{proc.stderr[-6000:]}")
+            raise CudaBuildError(f"qlower: nvcc failed on {source.name} {cfg.name}:\n{proc.stderr[-6000:]}")
         return obj
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, configs))
+        return list(pool.map(one, units))
 
 
 def build(
-    tc: Toolchain, configs: tuple[Config, ...] = W8A16_CONFIGS, jobs: int | None = None, log=None
+    tc: Toolchain,
+    configs: tuple[Config, ...] = W8A16_CONFIGS,
+    jobs: int | None = None,
+    log=None,
+    mxfp4_configs: tuple[Config, ...] = MXFP4_CONFIGS,
 ) -> Path:
-    """The library for `configs`, from the cache or built now (`log(message)` hears the build's seconds)."""
-    folder = build_dir() / f"cutlass_sm90-{_digest(tc, configs)}"
+    """The library for the W8A16 `configs` and the MXFP4 `mxfp4_configs`, from the cache or built now
+    (`log(message)` hears the build's seconds)."""
+    folder = build_dir() / f"cutlass_sm90-{_digest(tc, configs, mxfp4_configs)}"
     lib = folder / LIBRARY_NAME
     if lib.exists():
         return lib
@@ -209,17 +234,25 @@ def build(
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib.exists():
             return lib
-        return _build_locked(tc, configs, folder, jobs, log)
+        return _build_locked(tc, configs, mxfp4_configs, folder, jobs, log)
 
 
-def _build_locked(tc: Toolchain, configs: tuple[Config, ...], folder: Path, jobs: int | None, log) -> Path:
+def _build_locked(
+    tc: Toolchain,
+    configs: tuple[Config, ...],
+    mxfp4_configs: tuple[Config, ...],
+    folder: Path,
+    jobs: int | None,
+    log,
+) -> Path:
     lib = folder / LIBRARY_NAME
-    jobs = jobs or min(len(configs), os.cpu_count() or 1)
+    count = len(configs) + len(mxfp4_configs)
+    jobs = jobs or min(count, os.cpu_count() or 1)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".{folder.name}-", dir=folder.parent) as tmp:
         work = Path(tmp) / "build"
         work.mkdir()
-        objects = _compile_all(tc, configs, work, jobs)
+        objects = _compile_all(tc, configs, work, jobs, mxfp4_configs)
         link = [str(tc.nvcc), *ARCH_FLAGS, "-shared", "-cudart", "shared", *map(str, objects)]
         proc = subprocess.run([*link, "-o", str(work / LIBRARY_NAME)], capture_output=True, text=True)
         if proc.returncode != 0:
@@ -233,7 +266,7 @@ def _build_locked(tc: Toolchain, configs: tuple[Config, ...], folder: Path, jobs
                 ) from None
     if log is not None:
         log(
-            f"qlower: built {LIBRARY_NAME} ({len(configs)} configurations, {jobs} jobs) in "
+            f"qlower: built {LIBRARY_NAME} ({count} configurations, {jobs} jobs) in "
             f"{time.perf_counter() - start:.0f} s: {lib}"
         )
     return lib
@@ -260,7 +293,7 @@ def objects() -> list[Path] | str:
 
 @functools.cache
 def library() -> Path | str:
-    """The W8A16 library's path (prebuilt, cached, or built now, once per process), or why there is none."""
+    """The CUTLASS library's path (prebuilt, cached, or built now, once per process), or why there is none."""
     prebuilt = os.environ.get("QLOWER_CUTLASS_LIBRARY")
     if prebuilt:
         return Path(prebuilt) if Path(prebuilt).is_file() else f"QLOWER_CUTLASS_LIBRARY={prebuilt} is no file"

@@ -60,6 +60,23 @@ W8A16_CONFIGS: tuple[Config, ...] = (
 )
 BY_NAME = {c.name: c for c in W8A16_CONFIGS}
 
+# The MXFP4 weight-only GEMM's configurations (csrc/cuda/mxfp4_sm90.cu, K tile 128: 64 bytes of e2m1 per row),
+# each an object of the same library with entry point `qlower_mxfp4_sm90_<name>`; chosen per M by
+# `mxfp4.choose`.
+MXFP4_CONFIGS: tuple[Config, ...] = (
+    Config(128, 64),
+    Config(128, 128),
+    Config(128, 256),
+    Config(128, 128, cluster_rows=2),
+    Config(128, 64, stream_k=True),
+    Config(128, 128, stream_k=True),
+    Config(128, 256, stream_k=True),
+)
+MXFP4_BY_NAME = {c.name: c for c in MXFP4_CONFIGS}
+# The MXFP4 kernel's operand rules: K a multiple of its K tile (the scale tensor holds one entry of four block
+# scales per tile), N of 16-byte output rows.
+MXFP4_K_MULTIPLE, MXFP4_N_MULTIPLE = 128, 8
+
 
 @dataclass(frozen=True)
 class Choice:

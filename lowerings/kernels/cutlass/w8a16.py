@@ -39,23 +39,24 @@ class Args(ctypes.Structure):
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def library_handle() -> ctypes.CDLL:
+    """The CUTLASS library (W8A16 and MXFP4 objects), loaded once per process."""
     path = build.library()
     if isinstance(path, str):
-        raise RuntimeError(f"qlower::woq_int8_cutlass: no CUTLASS library: {path}")
+        raise RuntimeError(f"qlower: no CUTLASS library: {path}")
     return ctypes.CDLL(str(path))
 
 
 @functools.cache
 def _entry(name: str):
-    fn = getattr(_library(), f"qlower_w8a16_sm90_{name}")
+    fn = getattr(library_handle(), f"qlower_w8a16_sm90_{name}")
     fn.argtypes = [ctypes.POINTER(Args)]
     fn.restype = ctypes.c_int
     return fn
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
+def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -77,6 +78,16 @@ def operand_blocker(
     return None
 
 
+def run_entry(fn, args: ctypes.Structure, device: torch.device) -> int:
+    """Call a library entry point; where it asks for a workspace, allocate one on `device` and call again."""
+    status = fn(ctypes.byref(args))
+    if status == NEEDS_WORKSPACE:
+        workspace = torch.empty(int(args.workspace_bytes), dtype=torch.uint8, device=device)
+        args.workspace = workspace.data_ptr()
+        status = fn(ctypes.byref(args))
+    return status
+
+
 def launch(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -95,14 +106,9 @@ def launch(
         out=out.data_ptr(), workspace=None, stream=torch.cuda.current_stream(x.device).cuda_stream,
         m=m, n=n, k=k, ldx=x.stride(0), ldw=w.stride(0), ldout=out.stride(0), workspace_bytes=0,
         dtype=DTYPE_CODE[x.dtype], scale_per_channel=int(scale.numel() != 1), splits=choice.splits,
-        device=x.device.index, sm_count=_sm_count(x.device.index),
+        device=x.device.index, sm_count=sm_count(x.device.index),
     )  # fmt: skip
-    fn = _entry(choice.config)
-    status = fn(ctypes.byref(args))
-    if status == NEEDS_WORKSPACE:
-        workspace = torch.empty(int(args.workspace_bytes), dtype=torch.uint8, device=x.device)
-        args.workspace = workspace.data_ptr()
-        status = fn(ctypes.byref(args))
+    status = run_entry(_entry(choice.config), args, x.device)
     if status != OK:
         raise RuntimeError(
             f"qlower::woq_int8_cutlass: {STATUS.get(status, status)} (configuration {choice.config}, "
@@ -110,13 +116,13 @@ def launch(
         )
 
 
-def _rows_ok(t: torch.Tensor) -> torch.Tensor:
+def rows_ok(t: torch.Tensor) -> torch.Tensor:
     """Unit stride along K and a 16-byte row stride, the kernel's TMA layout; copied otherwise."""
     ok = t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
     return t if ok else t.contiguous()
 
 
-def _aligned_vector(t: torch.Tensor | None) -> torch.Tensor | None:
+def aligned_vector(t: torch.Tensor | None) -> torch.Tensor | None:
     """A contiguous 1-D copy where `t` is not one at a 16-byte address (the epilogue's vector loads)."""
     if t is None:
         return None
@@ -138,7 +144,7 @@ def woq_int8_cutlass(
         return out
     if x.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    launch(_rows_ok(x), _rows_ok(w), _aligned_vector(scale), _aligned_vector(bias), out)
+    launch(rows_ok(x), rows_ok(w), aligned_vector(scale), aligned_vector(bias), out)
     return out
 
 

@@ -350,7 +350,7 @@ def test_concurrent_first_uses_build_once(tmp_path, monkeypatch):
     tc = _fake_toolchain(tmp_path)
     built = []
 
-    def fake_build(tc, cfgs, folder, jobs, log):
+    def fake_build(tc, cfgs, mxfp4_cfgs, folder, jobs, log):
         built.append(folder)
         time.sleep(0.5)
         folder.mkdir(parents=True)

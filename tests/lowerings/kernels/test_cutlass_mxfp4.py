@@ -1,0 +1,311 @@
+"""qlower's CUTLASS MXFP4 weight-only GEMM (lowerings/kernels/cutlass/mxfp4.py, csrc/cuda/mxfp4_sm90.cu).
+
+On any machine: which MX records the lowering takes and why it declines the rest (fake CUDA traces, capability
+pinned); the graph it emits, run on CPU through the op's torch reference, against the original graph for the
+MX spellings and special scale codes (the block-scale bits and their [K/128, N, 4] layout are the graph's
+work); nvcc compiling the source for sm_90a where the `qlower[cuda]` extra is installed. On an sm_90 GPU (gpu):
+every configuration against float64, special values included, and a compiled model running the kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import qlower
+from qlower.lowerings.devices import cuda_cutlass
+from qlower.lowerings.devices.crossovers import CUTLASS_MXFP4_M_RANGE
+from qlower.lowerings.devices.cuda import override_cuda_capability
+from qlower.lowerings.kernels.cutlass import build, configs, mxfp4
+from qlower.patterns import mx_format as fmt
+from qlower.testing import apply_pass, graph_summary
+from tests.forms.mx import special_code_inputs, trace
+
+BF16 = torch.bfloat16
+LOWERING = "cutlass.mxfp4_weight_only"
+N, K = 48, 256
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Pretend the library exists (decision and CPU-reference tests never load it)."""
+    build.library.cache_clear()
+    monkeypatch.setattr(build, "library", lambda: Path("/nonexistent/libqlower_cutlass_sm90.so"))
+
+
+def spec_decode(x, q, e):
+    return F.linear(x, fmt.dequantize(q, e, "e2m1", x.dtype))
+
+
+def exp2_decode(x, q, e):  # 255 -> +inf (float32 exp2 overflows), 0 -> 2**-127
+    vals = fmt.dequantize(q, torch.full_like(e, 127), "e2m1", torch.float32)
+    s = torch.exp2(e.float() - 127).repeat_interleave(32, dim=1)
+    return F.linear(x, (vals * s).to(x.dtype))
+
+
+def bit_shift_decode(x, q, e):  # the exponent field: 0 -> 0.0, 255 -> +inf
+    vals = fmt.dequantize(q, torch.full_like(e, 127), "e2m1", torch.float32)
+    s = (e.to(torch.int32) << 23).view(torch.float32).repeat_interleave(32, dim=1)
+    return F.linear(x, (vals * s).to(x.dtype))
+
+
+def nan_guard_decode(x, q, e):  # torchao's guard: 255 -> NaN, the spec
+    vals = fmt.dequantize(q, torch.full_like(e, 127), "e2m1", torch.float32)
+    s = torch.where(e == 255, float("nan"), torch.exp2(e.float() - 127)).repeat_interleave(32, dim=1)
+    return F.linear(x, (vals * s).to(x.dtype))
+
+
+def scale_t_decode(x, q, e_t):  # scales stored [K/32, N]
+    return F.linear(x, fmt.dequantize(q, e_t.t(), "e2m1", x.dtype))
+
+
+FORMS = {
+    "spec": spec_decode,
+    "exp2": exp2_decode,
+    "bit_shift": bit_shift_decode,
+    "nan_guard": nan_guard_decode,
+    "scale_t": scale_t_decode,
+}
+
+
+def _fake_graph(fn, m, dtype=BF16, k=K, n=N, scale_t=False):
+    with FakeTensorMode():
+        x = torch.empty(m, k, dtype=dtype, device="cuda")
+        q = torch.empty(n, k // 2, dtype=torch.uint8, device="cuda")
+        e = torch.empty(*((k // 32, n) if scale_t else (n, k // 32)), dtype=torch.uint8, device="cuda")
+        from torch._inductor.decomposition import select_decomp_table
+
+        return make_fx(fn, decomposition_table=select_decomp_table())(x, q, e)
+
+
+def _decide(m, capability=(9, 0), preference="AUTO", **kw) -> qlower.Report:
+    gm = _fake_graph(spec_decode, m, **kw)
+    with override_cuda_capability(capability):
+        report = apply_pass(gm, families=("mx",), kernel_preference=qlower.KernelPreference[preference])
+    report.graph = graph_summary(gm)  # type: ignore[attr-defined]
+    return report
+
+
+def test_auto_takes_cutlass_for_static_m_in_its_range(built):
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    report = _decide(lo)
+    assert report.entries[0].lowering == LOWERING, report.table()
+    assert "qlower.mxfp4_cutlass(" in report.graph, report.graph
+    below = _decide(lo - 1)
+    assert below.entries[0].lowering == "triton.mx_linear", below.table()
+    assert "measured range" in dict(below.entries[0].passed_over)[LOWERING]
+    if hi is not None:
+        assert _decide(hi + 1).entries[0].lowering != LOWERING
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [
+        ({"capability": (10, 0)}, "capability 9.0 only"),
+        ({"capability": (8, 9)}, "capability 9.0 only"),
+        ({"k": 224}, "K % 128 == 0"),
+        ({"n": 44}, "N % 8 == 0"),
+        ({"dtype": torch.float16}, "takes 2-D bf16 x"),
+    ],
+)
+def test_cutlass_declines_with_its_reason(built, kw, reason):
+    report = _decide(512, **kw)
+    entry = report.entries[0]
+    assert entry.lowering != LOWERING, report.table()
+    assert reason in dict(entry.passed_over).get(LOWERING, ""), report.table()
+
+
+def test_symbolic_m_keeps_the_triton_op(built):
+    from torch._dynamo.source import ConstantSource
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(300, ConstantSource("m")), hint=300)
+    with FakeTensorMode(shape_env=env):
+        args = (
+            torch.empty(m, K, dtype=BF16, device="cuda"),
+            torch.empty(N, K // 2, dtype=torch.uint8, device="cuda"),
+            torch.empty(N, K // 32, dtype=torch.uint8, device="cuda"),
+        )
+    gm = make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    with override_cuda_capability((9, 0)):
+        (entry,) = apply_pass(gm, families=("mx",)).entries
+    assert entry.lowering == "triton.mx_linear" and "symbolic M" in dict(entry.passed_over)[LOWERING]
+
+
+def test_report_names_the_configuration(built):
+    report = _decide(2048)
+    assert mxfp4.choose(2048, N, K).config in report.table(full=True), report.table(full=True)
+
+
+@pytest.fixture
+def cutlass_on_cpu(built, monkeypatch):
+    """The lowering registered for CPU records, its device rule waived: the graph it emits then runs here,
+    the op computing through its torch reference."""
+    from qlower.lowerings import registry
+
+    monkeypatch.setattr(cuda_cutlass, "_device_blocker", lambda rec: None)
+    old = registry.backends()["cpu"]
+    registry.register_backend("cpu", [cuda_cutlass.MXFP4_CUTLASS])
+    yield
+    registry.register_backend("cpu", old.lowerings, describe=old.describe, replace=True, env=old.env)
+
+
+def _in_graph_order(gm, *tensors):
+    """`tensors` in the order of the graph's inputs (Dynamo orders them by first use), told apart by shape."""
+    by_shape = {(tuple(t.shape), t.dtype): t for t in tensors}
+    assert len(by_shape) == len(tensors)
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    return [by_shape[(tuple(v.shape), v.dtype)] for v in vals]
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("m", [5, CUTLASS_MXFP4_M_RANGE[0]])
+def test_emitted_graph_matches_the_original_on_special_codes(cutlass_on_cpu, form, m):
+    """Scale codes 0, 255 and 200 and every e2m1 code planted (tests/forms/mx.py): the rewritten graph's
+    block-scale bits give the original graph's numbers, NaN and inf where it has them."""
+    x, q, e = special_code_inputs("e2m1", N, K, m=m)
+    if form == "scale_t":
+        e = e.t().contiguous()
+    fn = FORMS[form]
+    expected = fn(x, q, e)
+    gm = trace(fn, x, q, e)
+    report = apply_pass(gm, families=("mx",), kernel_preference=qlower.KernelPreference.CUTLASS)
+    assert report.entries[0].lowering == LOWERING, report.table()
+    assert "qlower.mxfp4_cutlass" in graph_summary(gm)
+    (got,) = gm(*_in_graph_order(gm, x, q, e))
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got.isinf(), expected.isinf()) and torch.equal(got[got.isinf()], expected[got.isinf()])
+    fin = expected.isfinite()
+    bound = x.double().abs() @ fmt.dequantize_f64(q, e.t() if form == "scale_t" else e, "e2m1").abs().t()
+    bound = bound.nan_to_num(0, 0, 0) * 2.0**-7 + 1e-30
+    assert bool(((got.double() - expected.double()).abs()[fin] <= bound[fin]).all())
+
+
+SCALE_DECODES = {  # each form's own value of a scale code, as float32
+    "spec": lambda e: torch.exp2(e.float() - 127),
+    "exp2": lambda e: torch.exp2(e.float() - 127),
+    "scale_t": lambda e: torch.exp2(e.float() - 127),
+    "bit_shift": lambda e: (e.to(torch.int32) << 23).view(torch.float32),
+    "nan_guard": lambda e: torch.where(e == 255, float("nan"), torch.exp2(e.float() - 127)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_block_scales_are_the_graphs_decode_bit_for_bit(cutlass_on_cpu, monkeypatch, form):
+    """The scales the op receives are the form's own scale values, bf16 bit for bit, at every code 0..255
+    (0 -> 2**-127 or 0.0, 255 -> +inf as the form decodes them), in the [K/128, N, 4] layout."""
+    n, k = 8, 8192  # 256 blocks a row: every code once per row
+    x = torch.randn(2, k).to(BF16)
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    e = torch.stack([torch.roll(torch.arange(256), r) for r in range(n)]).to(torch.uint8)
+    stored = e.t().contiguous() if form == "scale_t" else e
+    seen = []
+    monkeypatch.setattr(
+        mxfp4,
+        "reference",
+        lambda x, w, scales, bias=None: seen.append(scales) or x.new_zeros(x.shape[0], w.shape[0]),
+    )
+    gm = trace(FORMS[form], x, q, stored)
+    apply_pass(gm, families=("mx",), kernel_preference=qlower.KernelPreference.CUTLASS)
+    gm(*_in_graph_order(gm, x, q, stored))
+    (scales,) = seen
+    assert tuple(scales.shape) == (k // 128, n, 4) and scales.dtype == BF16
+    got = scales.permute(1, 0, 2).reshape(n, k // 32)
+    want = SCALE_DECODES[form](e).to(BF16)
+    assert torch.equal(got.isnan(), want.isnan())  # any NaN payload
+    assert torch.equal(got[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
+
+
+def test_reference_decodes_every_code_pair_as_float64():
+    """The op's CPU reference (what the graph tests rely on) against float64 for all 256 byte values."""
+    w = torch.arange(256, dtype=torch.uint8).repeat(8, 1)  # [8, 256]: K = 512
+    codes = torch.randint(110, 140, (8, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    x = torch.eye(512, dtype=BF16)[:512]
+    got = mxfp4.reference(x, w, mxfp4.block_scales(torch.exp2(codes.double() - 127)))
+    ref = fmt.dequantize_f64(w, codes, "e2m1").t().to(BF16)
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.skipif(
+    isinstance(build.toolchain(), str), reason="no nvcc / CUTLASS (pip install 'qlower[cuda]')"
+)
+def test_nvcc_compiles_the_source_for_sm90a(tmp_path):
+    """The MXFP4 source compiles for sm_90a without a GPU (the stream-K configuration; every configuration is
+    built on the GPU machine) and exports its entry point: qlower's conversion step specializes CUTLASS's."""
+    tc = build.toolchain()
+    cfg = next(c for c in configs.MXFP4_CONFIGS if c.stream_k)
+    (obj,) = build._compile_all(tc, (), tmp_path, jobs=1, mxfp4_configs=(cfg,))
+    assert obj.name == f"mxfp4_{cfg.name}.o"
+    assert f"qlower_mxfp4_sm90_{cfg.name}".encode() in obj.read_bytes()
+
+
+# --------------------------------------------------------------------------------------------- GPU
+@pytest.fixture
+def sm90() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    lib = build.library()
+    if isinstance(lib, str):
+        pytest.skip(lib)
+
+
+def _problem(m, n, k, seed=0, special=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(BF16)
+    q, e = fmt.quantize(torch.randn(n, k, generator=g) * k**-0.5, "e2m1")
+    if special:
+        e[0, 0], e[1, 1], e[2, :], e[3, 2] = 0, 255, 254, 1
+        nib = torch.arange(16, dtype=torch.uint8)
+        q[5, :16] = nib * 16 + (15 - nib)
+    return x.cuda(), q.cuda(), e.cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [c.name for c in configs.MXFP4_CONFIGS])
+def test_every_configuration_matches_float64(sm90, name):
+    """Each configuration, split-K included, within one bf16 rounding of the weight plus fp32 accumulation of the
+    float64 product; NaN (scale code 255) and inf (code 254 times large elements) where float64 has them."""
+    splits = (0, 3) if configs.MXFP4_BY_NAME[name].stream_k else (0,)
+    for m, n, k, special in (
+        (1, 8, 128, False),
+        (7, 264, 384, True),
+        (300, 1032, 1024, True),
+        (129, 4096, 4096, False),
+    ):
+        x, q, e = _problem(m, n, k, special=special)
+        w64 = fmt.dequantize_f64(q, e, "e2m1")
+        w_bf16 = w64.to(BF16).double()  # the kernel's one rounding of each weight element
+        bias = torch.randn(n, device="cuda").to(BF16)
+        ref = x.double() @ w_bf16.t() + bias.double()
+        scales = mxfp4.block_scales(torch.exp2(e.double() - 127).masked_fill(e == 255, float("nan")))
+        for sp in splits:
+            out = torch.empty(m, n, dtype=BF16, device="cuda")
+            mxfp4.launch(x, q, scales, bias, out, configs.Choice(name, sp))
+            assert torch.equal(out.isnan(), ref.isnan()), (name, m, sp)
+            assert torch.equal(out.isinf(), ref.isinf()), (name, m, sp)
+            fin = ref.isfinite()
+            mag = (x.double().abs() @ w_bf16.abs().nan_to_num(0, 0, 0).t()) + bias.double().abs()
+            bound = mag * (2.0**-8 + k * 2.0**-23) + 1e-30
+            assert bool(((out.double() - ref).abs()[fin] <= bound[fin]).all()), (name, m, n, k, sp)
+
+
+@pytest.mark.gpu
+def test_compiled_model_runs_the_kernel(sm90):
+    """torch.compile with qlower's options at a static M in the kernel's range: the report names it, the code
+    calls the op, and the output is within the float64 bound."""
+    m = max(CUTLASS_MXFP4_M_RANGE[0], 256)
+    x, q, e = _problem(m, 1024, 2048, seed=3)
+    qlower.clear_reports()
+    compiled = torch.compile(spec_decode, options=qlower.inductor_options())
+    out = compiled(x, q, e)
+    (entry,) = qlower.last_report().entries
+    assert entry.lowering == LOWERING, qlower.last_report().table()
+    ref = x.double() @ fmt.dequantize_f64(q, e, "e2m1").to(BF16).double().t()
+    assert float((out.double() - ref).abs().max()) <= float(ref.abs().max()) * 2**-7
