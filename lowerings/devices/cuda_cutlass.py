@@ -204,11 +204,11 @@ def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
 
 
 def prefer_mxfp4_cutlass(rec: QuantLinear) -> str | None:
-    """AUTO: a static M in `CUTLASS_MXFP4_M_RANGE`. A symbolic M keeps the Triton MX op, whose run-time choice
-    has no CUTLASS branch."""
+    """AUTO: a static M in `CUTLASS_MXFP4_M_RANGE`; a symbolic M gets the Triton MX op with this GEMM as its
+    run-time choice from the range's start (emit.cutlass.emit_mxfp4_cutlass)."""
     lo, hi = CUTLASS_MXFP4_M_RANGE
     if not is_static(rec.m):
-        return "a symbolic M keeps the Triton MX op (its run-time choice has no CUTLASS branch)"
+        return None
     m = int(rec.m)
     if m < lo or (hi is not None and m > hi):
         return f"M={m} outside the MXFP4 CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
@@ -233,7 +233,7 @@ MXFP4_CUTLASS = Lowering(
     supports=supports_mxfp4_cutlass,
     prefer=prefer_mxfp4_cutlass,
     available=cutlass_library_built,
-    emit=emit_mxfp4_cutlass,
+    emit=functools.partial(emit_mxfp4_cutlass, triton_max_m=CUTLASS_MXFP4_M_RANGE[0] - 1),
     doc="qlower CUTLASS MXFP4 GEMM (sm_90a): e2m1 converted in registers with each 32-block's scale, bias in the epilogue",
     detail=mxfp4_configuration,
 )

@@ -14,15 +14,12 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import finish
-from qlower.lowerings.emit.mx import as_u8_view, scale_codes, unswizzle
+from qlower.lowerings.emit.mx import as_u8_view, block_scale_bits
 from qlower.lowerings.emit.triton_int8 import emit_woq_int8
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
-from qlower.patterns import mx_format as fmt
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
-
-aten = torch.ops.aten
 
 
 def fused_bias(rec: QuantLinear) -> fx.Node | None:
@@ -57,31 +54,17 @@ def emit_woq_int8_cutlass(
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)
 
 
-def block_scale_bits(em: Emitter, rec: QuantLinear) -> fx.Node:
-    """The weight's block scales as the MXFP4 kernel reads them: [K/128, N, 4] bf16, 2 ** (code - 127) built
-    from its bits (`code << 7`: exact, no float arithmetic that could flush 2 ** -127), with the record's meaning
-    of the codes 0 and 255 (the spec's 2 ** -127 and NaN, or the graph's own 0.0 and +inf, which are the bits
-    `code << 7` already give)."""
-    d = rec.weight_mx
-    assert d is not None
-    n, cols = int(rec.n), int(rec.k) // fmt.BLOCK
-    codes, swizzled = scale_codes(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, cols)
-    if swizzled:
-        codes = unswizzle(em, codes, n, cols)
-    c = em.convert(codes, torch.int32)
-    bits = em.call(aten.bitwise_left_shift.Tensor_Scalar, c, 7)
-    for code, spec_bits in ((0, 0x0040), (fmt.E8M0_NAN, 0x7FC0)):
-        if code not in d.scale_special:
-            value = em.call(aten.scalar_tensor.default, spec_bits, dtype=torch.int32, device=rec.device)
-            bits = em.call(aten.where.self, em.call(aten.eq.Scalar, c, code), value, bits)
-    scales = em.call(aten.view.dtype, em.convert(bits, torch.int16), torch.bfloat16)
-    quads = em.reshape(scales, [n, cols // 4, 4])
-    return em.contiguous(em.call(aten.permute.default, quads, [1, 0, 2]))
-
-
-def emit_mxfp4_cutlass(graph: fx.Graph, rec: QuantLinear, preference: KernelPreference) -> fx.Node:
+def emit_mxfp4_cutlass(
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference, triton_max_m: int
+) -> fx.Node:
+    """A static M (or an explicit CUTLASS preference): the op. A symbolic M under AUTO: qlower's Triton MX op
+    with the CUTLASS GEMM as its choice above `triton_max_m` (`emit.triton_mx.emit_mx_triton`)."""
     from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers qlower::mxfp4_cutlass)
 
+    if not is_static(rec.m) and preference is KernelPreference.AUTO:
+        from qlower.lowerings.emit.triton_mx import emit_mx_triton
+
+        return emit_mx_triton(graph, rec, preference, cutlass_min_m=triton_max_m + 1)
     em = Emitter(graph, rec.output)
     bias = fused_bias(rec)
     core = em.call(

@@ -348,3 +348,25 @@ def emit_scaled_mm(
     sb = _swizzled_e8m0(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, rec.n, cols)
     core = em.call(aten._scaled_mm.default, a, b, sa, sb, None, None, rec.compute_dtype)
     return finish(em, rec, core)
+
+
+def block_scale_bits(em: Emitter, rec: QuantLinear) -> fx.Node:
+    """The weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them (`kernels/cutlass/mxfp4.py`): [K/128, N, 4] bf16, 2 ** (code - 127) built
+    from its bits (`code << 7`: exact, no float arithmetic that could flush 2 ** -127), with the record's meaning
+    of the codes 0 and 255 (the spec's 2 ** -127 and NaN, or the graph's own 0.0 and +inf, which are the bits
+    `code << 7` already give)."""
+    d = rec.weight_mx
+    assert d is not None
+    n, cols = int(rec.n), int(rec.k) // fmt.BLOCK
+    codes, swizzled = scale_codes(em, rec.weight_scale, d.scale_layout, d.scale_codes, d.scale_assoc, cols)
+    if swizzled:
+        codes = unswizzle(em, codes, n, cols)
+    c = em.convert(codes, torch.int32)
+    bits = em.call(aten.bitwise_left_shift.Tensor_Scalar, c, 7)
+    for code, spec_bits in ((0, 0x0040), (fmt.E8M0_NAN, 0x7FC0)):
+        if code not in d.scale_special:
+            value = em.call(aten.scalar_tensor.default, spec_bits, dtype=torch.int32, device=rec.device)
+            bits = em.call(aten.where.self, em.call(aten.eq.Scalar, c, code), value, bits)
+    scales = em.call(aten.view.dtype, em.convert(bits, torch.int16), torch.bfloat16)
+    quads = em.reshape(scales, [n, cols // 4, 4])
+    return em.contiguous(em.call(aten.permute.default, quads, [1, 0, 2]))

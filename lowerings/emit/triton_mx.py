@@ -11,7 +11,7 @@ import torch
 from torch import fx
 
 from qlower.lowerings.emit.common import finish, host_branches
-from qlower.lowerings.emit.mx import as_u8_view, scale_codes
+from qlower.lowerings.emit.mx import as_u8_view, block_scale_bits, scale_codes
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns.graph_utils import known_eq, tensor_val
@@ -40,8 +40,14 @@ def special_bits(special: Mapping[int, float] | None) -> int:
 
 
 def emit_mx_triton(
-    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference = KernelPreference.AUTO
+    graph: fx.Graph,
+    rec: QuantLinear,
+    preference: KernelPreference = KernelPreference.AUTO,
+    cutlass_min_m: int = 0,
 ) -> fx.Node:
+    """The Triton MX op. `cutlass_min_m` (> 0, a symbolic M under the CUTLASS MXFP4 lowering,
+    `emit.cutlass`): the op is also handed the weight's block scales as qlower's CUTLASS MXFP4 GEMM reads
+    them, and runs that GEMM from this M (`mx.ops.pick_weight_only`)."""
     from qlower.lowerings.graph.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
 
@@ -65,7 +71,9 @@ def emit_mx_triton(
     bv = tensor_val(rec.bias)
     bias = rec.bias if bv is not None and known_eq(bv.numel(), rec.n) else None
     tensors += [w, ws] + ([bias] if bias is not None else [])
-    w_fmt, out_dtype, has_xs = _elem_code(d.elem), rec.compute_dtype, aq is not None
+    if cutlass_min_m:
+        tensors.append(block_scale_bits(em, rec))
+    w_fmt, out_dtype, has_xs, has_b = _elem_code(d.elem), rec.compute_dtype, aq is not None, bias is not None
     host_branch = host_branches(rec)
 
     def call(*ts: torch.Tensor) -> torch.Tensor:
@@ -73,10 +81,12 @@ def emit_mx_triton(
         a_t = next(it)
         xs_t = next(it) if has_xs else None
         w_t, ws_t = next(it), next(it)
-        b_t = next(it, None)
+        b_t = next(it) if has_b else None
+        blocks = next(it, None)
         return torch.ops.qlower.mx_linear(
-            a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch, a_sp, w_sp
-        )
+            a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch, a_sp, w_sp,
+            blocks, cutlass_min_m,
+        )  # fmt: skip
 
     key = (
         "mx_linear",
@@ -90,6 +100,7 @@ def emit_mx_triton(
         host_branch,
         a_sp,
         w_sp,
+        cutlass_min_m,
     )
     core = emit_traced(em, call, tensors, key)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -143,6 +143,8 @@ def mxfp4_cutlass(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    if x.shape[1] == 0:  # a gated-off K (`triton/mx/launch.py: dense_cutlass`): only the bias
+        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
     launch(w8a16.rows_ok(x), w8a16.rows_ok(w), scales.contiguous(), w8a16.aligned_vector(bias), out)
     return out
 

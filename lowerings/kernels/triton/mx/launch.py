@@ -142,3 +142,20 @@ def dense_bf16(
     )  # fmt: skip
     x_k = x if ungated else x.narrow(1, 0, kg)
     return torch.mm(x_k, wd.t()) if bias is None else torch.addmm(bias.to(x.dtype), x_k, wd.t())
+
+
+def dense_cutlass(
+    x: torch.Tensor, w: torch.Tensor, blocks: torch.Tensor, bias: Optional[torch.Tensor], gate: Any = 1
+) -> torch.Tensor:
+    """x @ dequant(w).T [+ bias] by qlower's CUTLASS MXFP4 GEMM (`kernels/cutlass/mxfp4.py`; w the e2m1 bytes
+    [N, K/2], `blocks` its block scales as the GEMM reads them). `gate` (1, or a 0/1 SymInt) multiplies K, as
+    in `dense_bf16`: gated off, the op only fills the output (bias or zeros)."""
+    from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers qlower::mxfp4_cutlass)
+
+    b = bias if bias is None or bias.dtype == torch.bfloat16 else None
+    if not (isinstance(gate, int) and gate == 1):
+        k = w.shape[1] * 2
+        x, w = x.narrow(1, 0, k * gate), w.narrow(1, 0, (k // 2) * gate)
+        blocks = blocks.narrow(0, 0, (k // mxfp4.TILE_K) * gate)
+    out = torch.ops.qlower.mxfp4_cutlass(x, w, blocks, b)
+    return out if b is bias else out + bias.to(out.dtype)

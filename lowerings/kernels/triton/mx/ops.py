@@ -37,7 +37,7 @@ from qlower.lowerings.kernels.triton.mx.kernels import (
     mx_gemv_kernel,
     mx_mm_kernel,
 )
-from qlower.lowerings.kernels.triton.mx.launch import dense_bf16, launch_decode
+from qlower.lowerings.kernels.triton.mx.launch import dense_bf16, dense_cutlass, launch_decode
 from qlower.lowerings.kernels.triton.tuned import STAND_IN, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -242,6 +242,11 @@ BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=12
 # The dequantize tile: 16 rows x 64 words wrote a 4096->14336 / 14336->4096 weight in 40.3 / 40.8 us on sm_90,
 # 32 x 32 in 41.8 / 41.9 (six tiles timed; the HBM bound, e2m1 and scales in, bf16 out, is 31.0)
 BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1)
+# qlower's CUTLASS MXFP4 GEMM (`kernels/cutlass/mxfp4.py`) where the op is handed its block scales
+# (`cutlass_min_m`, from the CUTLASS lowering: `devices/cuda_cutlass.py`): a launch shape of no Triton kernel.
+CUTLASS_GEMM = DecodeConfig("cutlass", CVT, block_n=0, block_kw=0, num_warps=0, num_stages=0)
+# The configs that compute the whole output in one call (gated by K for a symbolic M), not tiles into it.
+DENSE_KERNELS = ("bf16dq", "cutlass")
 _BF16_BUCKETS = ((1, 1), (2, 2), (3, 16), (17, 32), (33, 64), (65, 128), (129, None))
 
 
@@ -251,11 +256,21 @@ def bf16_decodes(x_dtype: torch.dtype, w_fmt: int) -> bool:
 
 
 def pick_weight_only(
-    m: int, w_fmt: int, k: int, n: int, x_dtype: torch.dtype, device: Optional[str] = None
+    m: int,
+    w_fmt: int,
+    k: int,
+    n: int,
+    x_dtype: torch.dtype,
+    device: Optional[str] = None,
+    cutlass_min_m: int = 0,
 ) -> Optional[DecodeConfig]:
     """The weight-only config at M = m: `mx/bf16.py`'s above M = 2 where it serves (`bf16_decodes`; "bf16dq":
-    dequantize, then cuBLAS, where that measured faster), else `pick_decode`'s (None: the MX tile kernel)."""
+    dequantize, then cuBLAS, where that measured faster), else `pick_decode`'s (None: the MX tile kernel).
+    `cutlass_min_m` (> 0: the op has the CUTLASS GEMM's block scales): the CUTLASS GEMM from that M, and
+    wherever dequantize + cuBLAS would run."""
     if bf16_decodes(x_dtype, w_fmt) and m >= BF16_MIN_M:
+        if cutlass_min_m and (m >= cutlass_min_m or pick_weight_only(m, w_fmt, k, n, x_dtype) is BF16_DENSE):
+            return CUTLASS_GEMM
         wide = n > k
         if m <= 16:
             return BF16_M16_WIDE if n >= k else BF16_M16_NARROW
@@ -384,6 +399,8 @@ def mx_linear(
     host_branch: bool = False,
     a_special: int = 0,
     w_special: int = 0,
+    w_blocks: Optional[torch.Tensor] = None,
+    cutlass_min_m: int = 0,
 ) -> torch.Tensor:
     """A [M, K] (float, or MX bytes with codes) @ W [N, K] (MX bytes, codes).T [+ bias] -> [M, N] out_dtype.
 
@@ -391,15 +408,20 @@ def mx_linear(
     strides) or the flat swizzled tensor. A symbolic M picks its kernel per M bucket: `host_branch` (no CUDA
     graphs, AOTInductor) with `torch.cond` on M (`_branch_on_m`: one launch per call), else with gated grids.
     `a_special` / `w_special`: how each operand's e8m0 codes 0 and 255 decode (`Special`; 0: the OCP spec).
+    `w_blocks` (MXFP4 weights, bf16 x): the weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them
+    (`kernels/cutlass/mxfp4.py`), which then runs from M = `cutlass_min_m` and wherever dequantize + cuBLAS
+    would (`pick_weight_only`).
     """
     m, n = a.shape[0], w.shape[0]
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
     sp = Special(a_special, w_special)
+    if w_blocks is None:
+        cutlass_min_m = 0
     if host_branch and not is_static(m):
-        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype, sp)
+        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype, sp, w_blocks, cutlass_min_m)
     words = _decode_words(a, w, a_fmt, w_fmt)
     if words is not None:
-        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts, sp)
+        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts, sp, w_blocks, cutlass_min_m)
     out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     if is_static(m):
         launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts, special=sp)
@@ -421,6 +443,8 @@ def _branch_on_m(
     fmts: tuple[int, int, bool, bool],
     out_dtype: torch.dtype,
     sp: Special = SPEC,
+    w_blocks: Optional[torch.Tensor] = None,
+    cutlass_min_m: int = 0,
 ) -> torch.Tensor:
     """The gated paths' buckets as leaves of `branch_on_m` (host `if`s on M), each one ungated launch."""
     a_fmt, w_fmt, _, w_swz = fmts
@@ -428,7 +452,7 @@ def _branch_on_m(
     Body = Callable[..., None]  # (a, a_scale, w, w_scale, bias, out) -> None, one bucket's launch
 
     def leaf(body: Body) -> Callable[..., torch.Tensor]:
-        def run(a_: Any, as_: Any, w_: Any, ws_: Any, b_: Any) -> torch.Tensor:
+        def run(a_: Any, as_: Any, w_: Any, ws_: Any, b_: Any, bl_: Any = None) -> torch.Tensor:
             out = torch.empty((a_.shape[0], w_.shape[0]), dtype=out_dtype, device=w_.device)
             body(a_, as_, w_, ws_, b_, out)
             return out
@@ -444,13 +468,15 @@ def _branch_on_m(
                 continue
             rep = lo if hi is None else hi
             cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else pick_config(1 << 20, a_fmt, w_fmt)
-            cfg = pick_weight_only(rep, w_fmt, k, n, a.dtype)
-            if cfg is not None and cfg.kernel == "bf16dq":
+            cfg = pick_weight_only(rep, w_fmt, k, n, a.dtype, cutlass_min_m=cutlass_min_m)
+            if cfg is not None and cfg.kernel in DENSE_KERNELS:
 
-                def dense(a_, as_, w_, ws_, b_, cfg=cfg) -> torch.Tensor:
-                    out = dense_bf16(
-                        cfg, a_, _decode_words(a_, w_, a_fmt, w_fmt), ws_, b_, w_swz, w_special=sp.w
-                    )
+                def dense(a_, as_, w_, ws_, b_, bl_=None, cfg=cfg) -> torch.Tensor:
+                    if cfg.kernel == "cutlass":
+                        out = dense_cutlass(a_, w_, bl_, b_)
+                    else:
+                        words = _decode_words(a_, w_, a_fmt, w_fmt)
+                        out = dense_bf16(cfg, a_, words, ws_, b_, w_swz, w_special=sp.w)
                     return out if out.dtype == out_dtype else out.to(out_dtype)
 
                 leaves.append((hi, dense))
@@ -476,7 +502,7 @@ def _branch_on_m(
                 launch(cfg, a_, as_, w_, ws_, b_, out, *fmts, special=sp)
 
             leaves.append((hi, leaf(body)))
-    return branch_on_m(leaves, (a, a_scale, w, w_scale, bias))
+    return branch_on_m(leaves, (a, a_scale, w, w_scale, bias, w_blocks))
 
 
 def _decode_or_current(
@@ -489,6 +515,8 @@ def _decode_or_current(
     out_dtype: torch.dtype,
     fmts: tuple[int, int, bool, bool],
     sp: Special = SPEC,
+    w_blocks: Optional[torch.Tensor] = None,
+    cutlass_min_m: int = 0,
 ) -> torch.Tensor:
     """Weight-only MX: per M bucket the weight-only config (`pick_weight_only`) or the current kernel.
 
@@ -509,13 +537,16 @@ def _decode_or_current(
             )
 
     def dense(cfg: DecodeConfig, gate: Any) -> torch.Tensor:
-        out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate, w_special=sp.w)
+        if cfg.kernel == "cutlass":
+            out = dense_cutlass(a, w, w_blocks, bias, gate)
+        else:
+            out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate, w_special=sp.w)
         return out if out.dtype == out_dtype else out.to(out_dtype)
 
     if is_static(m):
         mi = int(m)
-        cfg = pick_weight_only(max(mi, 1), w_fmt, k, n, a.dtype)
-        if mi > 0 and cfg is not None and cfg.kernel == "bf16dq":
+        cfg = pick_weight_only(max(mi, 1), w_fmt, k, n, a.dtype, cutlass_min_m=cutlass_min_m)
+        if mi > 0 and cfg is not None and cfg.kernel in DENSE_KERNELS:
             return dense(cfg, 1)
         out = torch.empty((mi, w.shape[0]), dtype=out_dtype, device=w.device)
         if mi > 0:
@@ -529,7 +560,7 @@ def _decode_or_current(
             rep = lo if hi is None else hi  # the bucket's configs are the same at every M in it
             plan.append(
                 (
-                    pick_weight_only(rep, w_fmt, k, n, a.dtype),
+                    pick_weight_only(rep, w_fmt, k, n, a.dtype, cutlass_min_m=cutlass_min_m),
                     pick_config(rep, a_fmt, w_fmt) if hi is not None else large,
                     gate,
                     hi,
@@ -539,14 +570,14 @@ def _decode_or_current(
     # M is in any of them: their gates are 0/1 over disjoint ranges, so their sum is too. (Only the first
     # bucket's gate once reached it: M > 128 got all zeros under CUDA graphs on sm_90; the configs differ
     # in the dequantize tile at most, and every tile computes the same bf16 weight.)
-    base = [p for p in plan if p[0] is not None and p[0].kernel == "bf16dq"]
+    base = [p for p in plan if p[0] is not None and p[0].kernel in DENSE_KERNELS]
     out = (
         dense(base[0][0], sum(p[2] for p in base))
         if base
         else torch.empty((m, w.shape[0]), dtype=out_dtype, device=w.device)
     )
     for cfg, cur, gate, hi in plan:
-        if cfg is None or cfg.kernel != "bf16dq":
+        if cfg is None or cfg.kernel not in DENSE_KERNELS:
             run(cfg, cur, out, gate, 1 if hi == 1 else None)
     return out
 
