@@ -20,10 +20,12 @@ import functools
 import os
 
 import torch
+from torch import fx
 
+from qlower.lowerings.devices import crossovers
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import spec_layout_blocker, weight_scale_range_blocker
-from qlower.lowerings.devices.crossovers import CUTLASS_MXFP4_M_RANGE, CUTLASS_W8A16_M_RANGE
+from qlower.lowerings.devices.crossovers import CUTLASS_W8A16_M_RANGE
 from qlower.lowerings.emit.cutlass import emit_mxfp4_cutlass, emit_woq_int8_cutlass
 from qlower.lowerings.kernels.cutlass.configs import (
     K_MULTIPLE,
@@ -204,15 +206,23 @@ def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
 
 
 def prefer_mxfp4_cutlass(rec: QuantLinear) -> str | None:
-    """AUTO: a static M in `CUTLASS_MXFP4_M_RANGE`; a symbolic M gets the Triton MX op with this GEMM as its
-    run-time choice from the range's start (emit.cutlass.emit_mxfp4_cutlass)."""
-    lo, hi = CUTLASS_MXFP4_M_RANGE
+    """AUTO: a static M in `crossovers.CUTLASS_MXFP4_M_RANGE`; a symbolic M gets the Triton MX op with this
+    GEMM as its run-time choice from the range's start (emit.cutlass.emit_mxfp4_cutlass). None: not measured
+    on hardware, so AUTO leaves it to the Triton op (KernelPreference.CUTLASS runs it)."""
+    if crossovers.CUTLASS_MXFP4_M_RANGE is None:
+        return "not measured on an sm_90 GPU yet (crossovers.CUTLASS_MXFP4_M_RANGE): KernelPreference.CUTLASS runs it"
+    lo, hi = crossovers.CUTLASS_MXFP4_M_RANGE
     if not is_static(rec.m):
         return None
     m = int(rec.m)
     if m < lo or (hi is not None and m > hi):
         return f"M={m} outside the MXFP4 CUTLASS kernel's measured range [{lo}, {hi or 'any'}] on sm_90"
     return None
+
+
+def _emit_mxfp4_cutlass(graph: fx.Graph, rec: QuantLinear, preference: KernelPreference) -> fx.Node:
+    """The emitter with the range's start read when it runs (`crossovers.CUTLASS_MXFP4_M_RANGE`)."""
+    return emit_mxfp4_cutlass(graph, rec, preference, crossovers.CUTLASS_MXFP4_M_RANGE or (1, None))
 
 
 def mxfp4_configuration(rec: QuantLinear) -> str:
@@ -233,7 +243,7 @@ MXFP4_CUTLASS = Lowering(
     supports=supports_mxfp4_cutlass,
     prefer=prefer_mxfp4_cutlass,
     available=cutlass_library_built,
-    emit=functools.partial(emit_mxfp4_cutlass, triton_max_m=CUTLASS_MXFP4_M_RANGE[0] - 1),
+    emit=_emit_mxfp4_cutlass,
     doc="qlower CUTLASS MXFP4 GEMM (sm_90a): e2m1 converted in registers with each 32-block's scale, bias in the epilogue",
     detail=mxfp4_configuration,
 )

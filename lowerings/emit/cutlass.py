@@ -55,16 +55,17 @@ def emit_woq_int8_cutlass(
 
 
 def emit_mxfp4_cutlass(
-    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference, triton_max_m: int
+    graph: fx.Graph, rec: QuantLinear, preference: KernelPreference, m_range: tuple[int, int | None]
 ) -> fx.Node:
     """A static M (or an explicit CUTLASS preference): the op. A symbolic M under AUTO: qlower's Triton MX op
-    with the CUTLASS GEMM as its choice above `triton_max_m` (`emit.triton_mx.emit_mx_triton`)."""
+    with the CUTLASS GEMM as its choice in `m_range` (`emit.triton_mx.emit_mx_triton`)."""
     from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers qlower::mxfp4_cutlass)
 
     if not is_static(rec.m) and preference is KernelPreference.AUTO:
         from qlower.lowerings.emit.triton_mx import emit_mx_triton
 
-        return emit_mx_triton(graph, rec, preference, cutlass_min_m=triton_max_m + 1)
+        lo, hi = m_range
+        return emit_mx_triton(graph, rec, preference, cutlass_min_m=lo, cutlass_max_m=hi or 0)
     em = Emitter(graph, rec.output)
     bias = fused_bias(rec)
     core = em.call(

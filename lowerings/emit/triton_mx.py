@@ -44,10 +44,11 @@ def emit_mx_triton(
     rec: QuantLinear,
     preference: KernelPreference = KernelPreference.AUTO,
     cutlass_min_m: int = 0,
+    cutlass_max_m: int = 0,
 ) -> fx.Node:
     """The Triton MX op. `cutlass_min_m` (> 0, a symbolic M under the CUTLASS MXFP4 lowering,
     `emit.cutlass`): the op is also handed the weight's block scales as qlower's CUTLASS MXFP4 GEMM reads
-    them, and runs that GEMM from this M (`mx.ops.pick_weight_only`)."""
+    them, and runs that GEMM from this M to `cutlass_max_m` (0: no end; `mx.ops.pick_weight_only`)."""
     from qlower.lowerings.graph.triton_inline import emit_traced
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops  # noqa: F401  (registers qlower::mx_linear; imports Triton)
 
@@ -85,7 +86,7 @@ def emit_mx_triton(
         blocks = next(it, None)
         return torch.ops.qlower.mx_linear(
             a_t, xs_t, w_t, ws_t, b_t, a_fmt, w_fmt, a_swz, w_swz, out_dtype, host_branch, a_sp, w_sp,
-            blocks, cutlass_min_m,
+            blocks, cutlass_min_m, cutlass_max_m,
         )  # fmt: skip
 
     key = (
@@ -101,6 +102,7 @@ def emit_mx_triton(
         a_sp,
         w_sp,
         cutlass_min_m,
+        cutlass_max_m,
     )
     core = emit_traced(em, call, tensors, key)
     return finish(em, rec if bias is None else dataclasses.replace(rec, bias=None), core)

@@ -73,12 +73,17 @@ def reference(
 
 
 def choose(m: int, n: int, k: int) -> configs.Choice:
-    """The configuration for M (static or per call) and the weight's shape. From the sweep of
-    `scripts/tune_cutlass.py --family mxfp4` (BENCHMARKS.md, "CUTLASS MXFP4"): stream-K where the output
-    tiles cannot fill the GPU's 132 multiprocessors, 64-token tiles up to M = 64, 256 from M = 2048."""
-    tokens_tile = 64 if m <= 64 else (256 if m >= 2048 else 128)
+    """The configuration for M (static or per call) and the weight's shape, from the sweep of
+    `scripts/tune_cutlass.py --family mxfp4` on the H100 (BENCHMARKS.md, "CUTLASS MXFP4"): 64-token tiles up
+    to M = 64, 128 above; where the output tiles cannot fill the GPU's 132 multiprocessors, stream-K, split
+    in four (M <= 128) or two (M <= 256) where K is at least twice N (4096x14336: 36.4 / 46.3 / 69.7 us at
+    M = 64 / 128 / 256 against the heuristic's 40.8 / 48.5 / 73.0)."""
+    tokens_tile = 64 if m <= 64 else 128
     tiles = -(-n // 128) * -(-m // tokens_tile)
-    return configs.Choice(configs.Config(128, tokens_tile, stream_k=tiles < 132).name)
+    if tiles >= 132:
+        return configs.Choice(configs.Config(128, tokens_tile).name)
+    splits = (4 if m <= 128 else 2 if m <= 256 else 0) if k >= 2 * n else 0
+    return configs.Choice(configs.Config(128, tokens_tile, stream_k=True).name, splits)
 
 
 def operand_blocker(

@@ -142,8 +142,8 @@ def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
 
 
 def test_report_names_the_configuration(built):
-    report = _decide(2048)
-    assert mxfp4.choose(2048, N, K).config in report.table(full=True), report.table(full=True)
+    report = _decide(128)
+    assert mxfp4.choose(128, N, K).config in report.table(full=True), report.table(full=True)
 
 
 @pytest.fixture
@@ -302,7 +302,7 @@ def test_every_configuration_matches_float64(sm90, name):
 def test_compiled_model_runs_the_kernel(sm90):
     """torch.compile with qlower's options at a static M in the kernel's range: the report names it, the code
     calls the op, and the output is within the float64 bound."""
-    m = max(CUTLASS_MXFP4_M_RANGE[0], 256)
+    m = CUTLASS_MXFP4_M_RANGE[1]
     x, q, e = _problem(m, 1024, 2048, seed=3)
     qlower.clear_reports()
     compiled = torch.compile(spec_decode, options=qlower.inductor_options())
@@ -320,10 +320,11 @@ def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
     float64 bound, the Triton kernels below the CUTLASS range and the GEMM from its start."""
     torch._dynamo.reset()
     qlower.clear_reports()
-    compiled = torch.compile(spec_decode, dynamic=True, options=qlower.inductor_options(mode=mode))
-    lo = CUTLASS_MXFP4_M_RANGE[0]
-    for m in (3, lo - 1, lo, 2 * lo + 5, 700):
+    compiled = torch.compile(spec_decode, options=qlower.inductor_options(mode=mode))
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    for m in (3, lo - 1, lo, hi, hi + 1, 700):
         x, q, e = _problem(m, 1024, 2048, seed=m)
+        torch._dynamo.mark_dynamic(x, 0)  # a symbolic batch; the weight's shapes stay static
         out = compiled(x, q, e)
         ref = x.double() @ fmt.dequantize_f64(q, e, "e2m1").to(BF16).double().t()
         assert float((out.double() - ref).abs().max()) <= float(ref.abs().max()) * 2**-7, m

@@ -37,7 +37,7 @@ from qlower.lowerings.kernels.triton.mx.kernels import (
     mx_gemv_kernel,
     mx_mm_kernel,
 )
-from qlower.lowerings.kernels.triton.mx.launch import dense_bf16, dense_cutlass, launch_decode
+from qlower.lowerings.kernels.triton.mx.launch import BF16_DENSE, dense_bf16, launch_decode
 from qlower.lowerings.kernels.triton.tuned import STAND_IN, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -239,14 +239,14 @@ BF16_M64_NARROW = DecodeConfig(
     "bf16mm", CVT, block_n=128, block_kw=8, block_m=64, split_k=4, swap_ab=True, num_warps=8, num_stages=3
 )
 BF16_M128_WIDE = DecodeConfig("bf16mm", CVT, block_n=64, block_kw=16, block_m=128, swap_ab=True, **_MM)
-# The dequantize tile: 16 rows x 64 words wrote a 4096->14336 / 14336->4096 weight in 40.3 / 40.8 us on sm_90,
-# 32 x 32 in 41.8 / 41.9 (six tiles timed; the HBM bound, e2m1 and scales in, bf16 out, is 31.0)
-BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=16, block_kw=64, num_warps=4, num_stages=1)
 # qlower's CUTLASS MXFP4 GEMM (`kernels/cutlass/mxfp4.py`) where the op is handed its block scales
 # (`cutlass_min_m`, from the CUTLASS lowering: `devices/cuda_cutlass.py`): a launch shape of no Triton kernel.
 CUTLASS_GEMM = DecodeConfig("cutlass", CVT, block_n=0, block_kw=0, num_warps=0, num_stages=0)
-# The configs that compute the whole output in one call (gated by K for a symbolic M), not tiles into it.
+# The configs that compute the whole output in one call (gated for a symbolic M), not tiles into it.
 DENSE_KERNELS = ("bf16dq", "cutlass")
+# What the op is handed for the CUTLASS GEMM: (the block scales or None, its first M, its last M or 0).
+Cutlass = tuple[Optional[torch.Tensor], int, int]
+NO_CUTLASS: Cutlass = (None, 0, 0)
 _BF16_BUCKETS = ((1, 1), (2, 2), (3, 16), (17, 32), (33, 64), (65, 128), (129, None))
 
 
@@ -401,6 +401,7 @@ def mx_linear(
     w_special: int = 0,
     w_blocks: Optional[torch.Tensor] = None,
     cutlass_min_m: int = 0,
+    cutlass_max_m: int = 0,
 ) -> torch.Tensor:
     """A [M, K] (float, or MX bytes with codes) @ W [N, K] (MX bytes, codes).T [+ bias] -> [M, N] out_dtype.
 
@@ -409,8 +410,8 @@ def mx_linear(
     graphs, AOTInductor) with `torch.cond` on M (`_branch_on_m`: one launch per call), else with gated grids.
     `a_special` / `w_special`: how each operand's e8m0 codes 0 and 255 decode (`Special`; 0: the OCP spec).
     `w_blocks` (MXFP4 weights, bf16 x): the weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them
-    (`kernels/cutlass/mxfp4.py`), which then runs from M = `cutlass_min_m` and wherever dequantize + cuBLAS
-    would (`pick_weight_only`).
+    (`kernels/cutlass/mxfp4.py`), which then runs from M = `cutlass_min_m` to `cutlass_max_m` (0: no end),
+    and dequantize + cuBLAS above (`pick_weight_only`, `launch.mxfp4_dense`).
     """
     m, n = a.shape[0], w.shape[0]
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
@@ -418,10 +419,12 @@ def mx_linear(
     if w_blocks is None:
         cutlass_min_m = 0
     if host_branch and not is_static(m):
-        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype, sp, w_blocks, cutlass_min_m)
+        cutlass = (w_blocks, cutlass_min_m, cutlass_max_m)
+        return _branch_on_m(a, a_scale, w, w_scale, bias, fmts, out_dtype, sp, cutlass)
     words = _decode_words(a, w, a_fmt, w_fmt)
     if words is not None:
-        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts, sp, w_blocks, cutlass_min_m)
+        cutlass = (w_blocks, cutlass_min_m, cutlass_max_m)
+        return _decode_or_current(m, a, words, w, w_scale, bias, out_dtype, fmts, sp, cutlass)
     out = torch.empty((m, n), dtype=out_dtype, device=w.device)
     if is_static(m):
         launch(pick_config(int(m), a_fmt, w_fmt), a, a_scale, w, w_scale, bias, out, *fmts, special=sp)
@@ -443,11 +446,11 @@ def _branch_on_m(
     fmts: tuple[int, int, bool, bool],
     out_dtype: torch.dtype,
     sp: Special = SPEC,
-    w_blocks: Optional[torch.Tensor] = None,
-    cutlass_min_m: int = 0,
+    cutlass: Cutlass = NO_CUTLASS,
 ) -> torch.Tensor:
     """The gated paths' buckets as leaves of `branch_on_m` (host `if`s on M), each one ungated launch."""
     a_fmt, w_fmt, _, w_swz = fmts
+    w_blocks, cutlass_min_m, cutlass_max_m = cutlass
     m = a.shape[0]
     Body = Callable[..., None]  # (a, a_scale, w, w_scale, bias, out) -> None, one bucket's launch
 
@@ -473,7 +476,9 @@ def _branch_on_m(
 
                 def dense(a_, as_, w_, ws_, b_, bl_=None, cfg=cfg) -> torch.Tensor:
                     if cfg.kernel == "cutlass":
-                        out = dense_cutlass(a_, w_, bl_, b_)
+                        out = torch.ops.qlower.mxfp4_dense(
+                            a_, w_, bl_, ws_, b_, w_swz, sp.w, cutlass_max_m, 1
+                        )
                     else:
                         words = _decode_words(a_, w_, a_fmt, w_fmt)
                         out = dense_bf16(cfg, a_, words, ws_, b_, w_swz, w_special=sp.w)
@@ -515,8 +520,7 @@ def _decode_or_current(
     out_dtype: torch.dtype,
     fmts: tuple[int, int, bool, bool],
     sp: Special = SPEC,
-    w_blocks: Optional[torch.Tensor] = None,
-    cutlass_min_m: int = 0,
+    cutlass: Cutlass = NO_CUTLASS,
 ) -> torch.Tensor:
     """Weight-only MX: per M bucket the weight-only config (`pick_weight_only`) or the current kernel.
 
@@ -526,6 +530,7 @@ def _decode_or_current(
     cuBLAS bucket ("bf16dq") runs with K gated to 0 below its range and gives the output the others overwrite.
     """
     a_fmt, w_fmt, _, w_swz = fmts
+    w_blocks, cutlass_min_m, cutlass_max_m = cutlass
     k, n = words.shape[1] * (8 if w_fmt == E2M1 else 4), int(w.shape[0]) if is_static(w.shape[0]) else -1
 
     def run(cfg: Optional[DecodeConfig], cur: MXConfig, out: torch.Tensor, gate: Any, rows: Any) -> None:
@@ -538,7 +543,9 @@ def _decode_or_current(
 
     def dense(cfg: DecodeConfig, gate: Any) -> torch.Tensor:
         if cfg.kernel == "cutlass":
-            out = dense_cutlass(a, w, w_blocks, bias, gate)
+            out = torch.ops.qlower.mxfp4_dense(
+                a, w, w_blocks, w_scale, bias, w_swz, sp.w, cutlass_max_m, gate
+            )
         else:
             out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate, w_special=sp.w)
         return out if out.dtype == out_dtype else out.to(out_dtype)
