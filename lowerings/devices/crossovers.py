@@ -41,9 +41,12 @@ CUTLASS_W8A16_M_RANGE: tuple[int, int | None] = (128, 4096)
 # (BENCHMARKS.md, "CUTLASS MXFP4"; 4096->14336 / 14336->4096, kernels alone) it ran 1.39x / 1.30x bf16 at M = 64
 # where the Triton tiles ran 1.19x / 1.09x, 1.25x / 1.13x at M = 128 (Triton 0.85x / 0.48x) and 0.70x / 0.81x at
 # M = 256 (Triton's dequantize + cuBLAS 0.46x / 0.49x); at M = 1024 dequantize + cuBLAS is ahead (0.67x / 0.70x
-# against 0.62x), so it keeps M above the range. A symbolic M runs the Triton op with this GEMM from the range's
-# start to its end, dequantize + cuBLAS above (`kernels/triton/mx/launch.py: mxfp4_dense`).
-CUTLASS_MXFP4_M_RANGE: tuple[int, int | None] | None = (64, 256)
+# against 0.62x), so it keeps M above the range. The range starts at 33, the first M of the 64-token tile that
+# serves M = 64: a tile's work does not depend on how many of its rows are real (TMA fills the others with zeros,
+# the MMAs are the same), so the time measured at M = 64 is the time from M = 33; and the Triton op's run-time
+# bucket of a symbolic M is 33-64. A symbolic M runs the Triton op with this GEMM from the range's start to its
+# end, dequantize + cuBLAS above (`kernels/triton/mx/launch.py: mxfp4_dense`).
+CUTLASS_MXFP4_M_RANGE: tuple[int, int | None] | None = (33, 256)
 
 # MX, qlower's Triton MX op -> the emulation, for weight-only MX other than MXFP4 with bf16 x: the op's decode
 # kernels serve M <= 16 (2x bf16); above it the op runs the tile kernel, measured at 0.16-0.43x bf16 at

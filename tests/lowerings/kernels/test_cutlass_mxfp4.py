@@ -329,3 +329,55 @@ def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
         ref = x.double() @ fmt.dequantize_f64(q, e, "e2m1").to(BF16).double().t()
         assert float((out.double() - ref).abs().max()) <= float(ref.abs().max()) * 2**-7, m
     assert any(d.lowering == LOWERING for d in qlower.last_report().entries), qlower.last_report().table()
+
+
+def test_dense_op_chooses_by_the_m_it_is_called_with(monkeypatch):
+    """`qlower::mxfp4_dense` (the whole-output buckets of a symbolic M): gated off, the bias alone; up to
+    `cutlass_max_m` the CUTLASS GEMM (its torch reference here); above, dequantize + cuBLAS."""
+    from qlower.lowerings.kernels.triton.mx import launch
+
+    n, k = 16, 256
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    codes = torch.randint(118, 126, (n, k // 32), dtype=torch.uint8)
+    blocks = mxfp4.block_scales(torch.exp2(codes.float() - 127))
+    bias = torch.randn(n).to(BF16)
+    x = torch.randn(40, k).to(BF16)
+    off = torch.ops.qlower.mxfp4_dense(x, q, blocks, codes, bias, False, 0, 32, 0)
+    assert torch.equal(off, bias.expand(40, n))
+    seen = []
+    monkeypatch.setattr(launch, "dense_bf16", lambda *a, **kw: seen.append((a, kw)) or x.new_zeros(40, n))
+    torch.ops.qlower.mxfp4_dense(x, q, blocks, codes, bias, False, 2, 32, 1)  # M = 40 > 32
+    ((args, kw),) = seen
+    assert args[0] is launch.BF16_DENSE and args[3] is codes and kw["w_special"] == 2 and kw["direct"]
+    got = torch.ops.qlower.mxfp4_dense(x[:32], q, blocks, codes, bias, False, 0, 32, 1)
+    assert len(seen) == 1 and torch.equal(got, mxfp4.reference(x[:32], q, blocks, bias))
+
+
+def test_symbolic_m_trace_gates_the_dense_op_over_the_cutlass_buckets(built, monkeypatch):
+    """The Triton MX op traced for a symbolic M with the CUTLASS branch (its bf16 decodes on, as on a GPU): one
+    `qlower::mxfp4_dense` whose gate covers the buckets from the range's start, and the range's end passed on."""
+    from torch._dynamo.source import ConstantSource
+    from torch._inductor import config as inductor_config
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+
+    monkeypatch.setattr(mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: True)
+    env = ShapeEnv()
+    m = env.create_symintnode(env.create_symbol(300, ConstantSource("m")), hint=300)
+    with FakeTensorMode(shape_env=env):
+        args = (
+            torch.empty(m, K, dtype=BF16, device="cuda"),
+            torch.empty(N, K // 2, dtype=torch.uint8, device="cuda"),
+            torch.empty(N, K // 32, dtype=torch.uint8, device="cuda"),
+        )
+    gm = make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
+        apply_pass(gm, families=("mx",))
+    (dense,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.mxfp4_dense.default]
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    assert dense.args[7] == hi
+    expr = dense.args[8].meta["val"].node.expr  # the gate as a function of M
+    for mv, on in ((lo - 1, 0), (lo, 1), (hi, 1), (hi + 1, 1), (5000, 1)):
+        assert int(expr.subs({s: mv for s in expr.free_symbols})) == on, (mv, expr)
