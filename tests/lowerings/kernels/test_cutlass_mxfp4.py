@@ -120,9 +120,8 @@ def test_cutlass_declines_with_its_reason(built, kw, reason):
     assert reason in dict(entry.passed_over).get(LOWERING, ""), report.table()
 
 
-def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
-    """A symbolic M: the Triton MX op, handed the block scales and the M from which it runs the CUTLASS GEMM
-    (its buckets below keep the Triton kernels)."""
+def _symbolic_m_graph() -> torch.fx.GraphModule:
+    """The spec decode traced on fake CUDA tensors whose M is a size symbol (a dynamic batch)."""
     from torch._dynamo.source import ConstantSource
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -135,7 +134,13 @@ def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
             torch.empty(N, K // 2, dtype=torch.uint8, device="cuda"),
             torch.empty(N, K // 32, dtype=torch.uint8, device="cuda"),
         )
-    gm = make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    return make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+
+
+def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
+    """A symbolic M: the Triton MX op, handed the block scales and the M from which it runs the CUTLASS GEMM
+    (its buckets below keep the Triton kernels)."""
+    gm = _symbolic_m_graph()
     with override_cuda_capability((9, 0)):
         (entry,) = apply_pass(gm, families=("mx",)).entries
     assert entry.lowering == LOWERING, entry
@@ -356,23 +361,12 @@ def test_dense_op_chooses_by_the_m_it_is_called_with(monkeypatch):
 def test_symbolic_m_trace_gates_the_dense_op_over_the_cutlass_buckets(built, monkeypatch):
     """The Triton MX op traced for a symbolic M with the CUTLASS branch (its bf16 decodes on, as on a GPU): one
     `qlower::mxfp4_dense` whose gate covers the buckets from the range's start, and the range's end passed on."""
-    from torch._dynamo.source import ConstantSource
     from torch._inductor import config as inductor_config
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     monkeypatch.setattr(mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: True)
-    env = ShapeEnv()
-    m = env.create_symintnode(env.create_symbol(300, ConstantSource("m")), hint=300)
-    with FakeTensorMode(shape_env=env):
-        args = (
-            torch.empty(m, K, dtype=BF16, device="cuda"),
-            torch.empty(N, K // 2, dtype=torch.uint8, device="cuda"),
-            torch.empty(N, K // 32, dtype=torch.uint8, device="cuda"),
-        )
-    gm = make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    gm = _symbolic_m_graph()
     with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
         apply_pass(gm, families=("mx",))
     (dense,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.mxfp4_dense.default]

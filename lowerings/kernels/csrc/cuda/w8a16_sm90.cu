@@ -29,6 +29,7 @@
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "cutlass_run.h"
 #include "w8a16_sm90.h"
 
 #ifndef QLOWER_NAME
@@ -118,35 +119,11 @@ struct W8A16 {
   }
 
   static int run(QlowerW8A16Args* a) {
-    auto args = arguments(*a);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-      return QLOWER_W8A16_CANNOT_IMPLEMENT;
-    }
-    size_t need = Gemm::get_workspace_size(args);
-    if (a->workspace == nullptr && need > 0) {
-      a->workspace_bytes = need;  // a query: the caller allocates and calls again
-      return QLOWER_W8A16_NEEDS_WORKSPACE;
-    }
-    if (a->workspace_bytes < need) {
-      a->workspace_bytes = need;
-      return QLOWER_W8A16_NEEDS_WORKSPACE;
-    }
-    auto stream = static_cast<cudaStream_t>(a->stream);
-    if (gemm.initialize(args, a->workspace, stream) != cutlass::Status::kSuccess) {
-      return QLOWER_W8A16_INIT_FAILED;
-    }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
-      return QLOWER_W8A16_LAUNCH_FAILED;
-    }
-    return cudaGetLastError() == cudaSuccess ? QLOWER_W8A16_OK : QLOWER_W8A16_LAUNCH_FAILED;
+    return qlower_cutlass::run<Gemm>(arguments(*a), a->workspace, &a->workspace_bytes, a->stream);
   }
 };
 
 }  // namespace
-
-#define QLOWER_CAT2(a, b) a##b
-#define QLOWER_CAT(a, b) QLOWER_CAT2(a, b)
 
 extern "C" __attribute__((visibility("default"))) int QLOWER_CAT(qlower_w8a16_sm90_, QLOWER_NAME)(
     QlowerW8A16Args* a) {
