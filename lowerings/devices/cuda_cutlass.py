@@ -178,13 +178,13 @@ WOQ_INT8_CUTLASS = Lowering(
 # --------------------------------------------------------------------- MXFP4 weight-only
 def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
     """Weight-only MX with e2m1 elements in 32-element blocks (the OCP layout), bf16 x and output, the weight
-    stored [N, K/2] bytes, static K a multiple of the kernel's K tile (128) and N of 8. Not under AOTInductor:
-    the op has no C shim (the Triton MX op serves packages)."""
+    stored [N, K/2] bytes, static K a multiple of the kernel's K tile (128) and N of 8. Not under AOTInductor or
+    cpp_wrapper: the op has no C shim (the Triton MX op serves C++ wrappers)."""
     why = _device_blocker(rec)
     if why:
         return why
     if _aoti():
-        return "AOTInductor: the MXFP4 CUTLASS op has no C shim; packages keep the Triton MX kernels"
+        return "AOTInductor / cpp_wrapper: the MXFP4 CUTLASS op has no C shim; the C++ wrapper keeps the Triton MX kernels"
     d = rec.weight_mx
     if d is None or d.elem != "e2m1" or rec.weight_block != 32:
         return "not MXFP4 (e2m1 elements, one scale per 32)"

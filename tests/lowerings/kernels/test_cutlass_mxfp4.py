@@ -146,6 +146,16 @@ def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
     assert entry.lowering == LOWERING, entry
 
 
+def test_cpp_wrapper_keeps_the_triton_op(built):
+    """No C shim for the MXFP4 op: a C++ wrapper (AOTInductor, cpp_wrapper) keeps the Triton MX op, and says why."""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(cpp_wrapper=True):
+        report = _decide(128)
+    entry = report.entries[0]
+    assert entry.lowering == "triton.mx_linear" and "no C shim" in dict(entry.passed_over)[LOWERING]
+
+
 def test_report_names_the_configuration(built):
     report = _decide(128)
     assert mxfp4.choose(128, N, K).config in report.table(full=True), report.table(full=True)
