@@ -64,12 +64,20 @@ def scale_t_decode(x, q, e_t):  # scales stored [K/32, N]
     return F.linear(x, fmt.dequantize(q, e_t.t(), "e2m1", x.dtype))
 
 
+def swizzled_decode(x, q, flat):  # scales stored in cuBLAS's 128x4 tiles, un-tiled in the graph
+    n, cols = q.shape[0], q.shape[1] // 16
+    rt, ct = -(-n // 128), -(-cols // 4)
+    e = flat.view(rt, ct, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(rt * 128, ct * 4)[:n, :cols]
+    return F.linear(x, fmt.dequantize(q, e, "e2m1", x.dtype))
+
+
 FORMS = {
     "spec": spec_decode,
     "exp2": exp2_decode,
     "bit_shift": bit_shift_decode,
     "nan_guard": nan_guard_decode,
     "scale_t": scale_t_decode,
+    "swizzled": swizzled_decode,
 }
 
 
@@ -188,8 +196,8 @@ def test_emitted_graph_matches_the_original_on_special_codes(cutlass_on_cpu, for
     """Scale codes 0, 255 and 200 and every e2m1 code planted (tests/forms/mx.py): the rewritten graph's
     block-scale bits give the original graph's numbers, NaN and inf where it has them."""
     x, q, e = special_code_inputs("e2m1", N, K, m=m)
-    if form == "scale_t":
-        e = e.t().contiguous()
+    codes = e
+    e = _stored(form, e)
     fn = FORMS[form]
     expected = fn(x, q, e)
     gm = trace(fn, x, q, e)
@@ -200,15 +208,21 @@ def test_emitted_graph_matches_the_original_on_special_codes(cutlass_on_cpu, for
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got.isinf(), expected.isinf()) and torch.equal(got[got.isinf()], expected[got.isinf()])
     fin = expected.isfinite()
-    bound = x.double().abs() @ fmt.dequantize_f64(q, e.t() if form == "scale_t" else e, "e2m1").abs().t()
+    bound = x.double().abs() @ fmt.dequantize_f64(q, codes, "e2m1").abs().t()
     bound = bound.nan_to_num(0, 0, 0) * 2.0**-7 + 1e-30
     assert bool(((got.double() - expected.double()).abs()[fin] <= bound[fin]).all())
+
+
+def _stored(form: str, e: torch.Tensor) -> torch.Tensor:
+    """The [N, K/32] codes as the form stores them."""
+    return e.t().contiguous() if form == "scale_t" else fmt.to_swizzled(e) if form == "swizzled" else e
 
 
 SCALE_DECODES = {  # each form's own value of a scale code, as float32
     "spec": lambda e: torch.exp2(e.float() - 127),
     "exp2": lambda e: torch.exp2(e.float() - 127),
     "scale_t": lambda e: torch.exp2(e.float() - 127),
+    "swizzled": lambda e: torch.exp2(e.float() - 127),
     "bit_shift": lambda e: (e.to(torch.int32) << 23).view(torch.float32),
     "nan_guard": lambda e: torch.where(e == 255, float("nan"), torch.exp2(e.float() - 127)),
 }
@@ -222,7 +236,7 @@ def test_block_scales_are_the_graphs_decode_bit_for_bit(cutlass_on_cpu, monkeypa
     x = torch.randn(2, k).to(BF16)
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
     e = torch.stack([torch.roll(torch.arange(256), r) for r in range(n)]).to(torch.uint8)
-    stored = e.t().contiguous() if form == "scale_t" else e
+    stored = _stored(form, e)
     seen = []
     monkeypatch.setattr(
         mxfp4,
