@@ -64,6 +64,12 @@ def scale_t_decode(x, q, e_t):  # scales stored [K/32, N]
     return F.linear(x, fmt.dequantize(q, e_t.t(), "e2m1", x.dtype))
 
 
+def e8m0_dtype_decode(x, q, e):  # scales stored as torch.float8_e8m0fnu; .float() is the decode
+    vals = fmt.dequantize(q, torch.full_like(e.view(torch.uint8), 127), "e2m1", torch.float32)
+    s = e.float().repeat_interleave(32, dim=1)
+    return F.linear(x, (vals * s).to(x.dtype))
+
+
 def swizzled_decode(x, q, flat):  # scales stored in cuBLAS's 128x4 tiles, un-tiled in the graph
     n, cols = q.shape[0], q.shape[1] // 16
     rt, ct = -(-n // 128), -(-cols // 4)
@@ -78,6 +84,7 @@ FORMS = {
     "nan_guard": nan_guard_decode,
     "scale_t": scale_t_decode,
     "swizzled": swizzled_decode,
+    "e8m0_dtype": e8m0_dtype_decode,
 }
 
 
@@ -215,6 +222,8 @@ def test_emitted_graph_matches_the_original_on_special_codes(cutlass_on_cpu, for
 
 def _stored(form: str, e: torch.Tensor) -> torch.Tensor:
     """The [N, K/32] codes as the form stores them."""
+    if form == "e8m0_dtype":
+        return e.view(torch.float8_e8m0fnu)
     return e.t().contiguous() if form == "scale_t" else fmt.to_swizzled(e) if form == "swizzled" else e
 
 
@@ -223,6 +232,7 @@ SCALE_DECODES = {  # each form's own value of a scale code, as float32
     "exp2": lambda e: torch.exp2(e.float() - 127),
     "scale_t": lambda e: torch.exp2(e.float() - 127),
     "swizzled": lambda e: torch.exp2(e.float() - 127),
+    "e8m0_dtype": lambda e: e.view(torch.float8_e8m0fnu).float(),
     "bit_shift": lambda e: (e.to(torch.int32) << 23).view(torch.float32),
     "nan_guard": lambda e: torch.where(e == 255, float("nan"), torch.exp2(e.float() - 127)),
 }
