@@ -1,5 +1,7 @@
-// One CUTLASS GEMM run for qlower's C entry points (w8a16_sm90.cu, mxfp4_sm90.cu): can_implement, the workspace
-// query protocol of QlowerW8A16Status (w8a16_sm90.h), initialize and launch on the caller's stream.
+// What qlower's CUTLASS objects (w8a16_sm90.cu, mxfp4_sm90.cu) share: the schedule and tile scheduler the
+// configuration macros name (QLOWER_PINGPONG, QLOWER_STREAMK; lowerings/kernels/cutlass/configs.py), and one
+// GEMM run for their C entry points: can_implement, the workspace query protocol of QlowerW8A16Status
+// (w8a16_sm90.h), initialize and launch on the caller's stream. Included after CUTLASS's gemm and epilogue headers.
 #pragma once
 #include <cstdint>
 
@@ -13,6 +15,20 @@
 #define QLOWER_CAT(a, b) QLOWER_CAT2(a, b)
 
 namespace qlower_cutlass {
+
+#if QLOWER_PINGPONG
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+#else
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+#endif
+
+#if QLOWER_STREAMK
+using TileScheduler = cutlass::gemm::StreamKScheduler;
+#else
+using TileScheduler = cutlass::gemm::PersistentScheduler;
+#endif
 
 // A null `workspace` with a workspace needed, or `*workspace_bytes` too small: `*workspace_bytes` gets the size
 // and the call returns QLOWER_W8A16_NEEDS_WORKSPACE (the caller allocates and calls again).

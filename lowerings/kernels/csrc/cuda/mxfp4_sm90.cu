@@ -165,19 +165,9 @@ namespace {
 constexpr int kTileM = QLOWER_TILE_M;  // rows of D' per tile: output channels (N of the linear)
 constexpr int kTileN = QLOWER_TILE_N;  // columns of D' per tile: tokens (M of the linear)
 
-#if QLOWER_PINGPONG
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-#else
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-#endif
-
-#if QLOWER_STREAMK
-using TileScheduler = cutlass::gemm::StreamKScheduler;
-#else
-using TileScheduler = cutlass::gemm::PersistentScheduler;
-#endif
+using KernelSchedule = qlower_cutlass::KernelSchedule;
+using EpilogueSchedule = qlower_cutlass::EpilogueSchedule;
+using TileScheduler = qlower_cutlass::TileScheduler;
 
 struct Mxfp4 {
   using Element = cutlass::bfloat16_t;
