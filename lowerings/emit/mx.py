@@ -351,10 +351,10 @@ def emit_scaled_mm(
 
 
 def block_scale_bits(em: Emitter, rec: QuantLinear) -> fx.Node:
-    """The weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them (`kernels/cutlass/mxfp4.py`): [K/128, N, 4] bf16, 2 ** (code - 127) built
-    from its bits (`code << 7`: exact, no float arithmetic that could flush 2 ** -127), with the record's meaning
-    of the codes 0 and 255 (the spec's 2 ** -127 and NaN, or the graph's own 0.0 and +inf, which are the bits
-    `code << 7` already give)."""
+    """The weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them (`kernels/cutlass/mxfp4.py`):
+    [K/128, N, 4] bf16, 2 ** (code - 127) built from its bits (`code << 7`: exact, no float arithmetic that could
+    flush 2 ** -127), with the record's meaning of the codes 0 and 255 (the spec's 2 ** -127 and NaN, or the
+    graph's own 0.0 and +inf, which are the bits `code << 7` already give). `decode_codes` is the float32 twin."""
     d = rec.weight_mx
     assert d is not None
     n, cols = int(rec.n), int(rec.k) // fmt.BLOCK
