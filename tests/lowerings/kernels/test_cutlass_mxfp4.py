@@ -161,6 +161,21 @@ def test_symbolic_m_runs_the_triton_op_with_the_cutlass_branch(built):
     assert entry.lowering == LOWERING, entry
 
 
+def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
+    """No nvcc: the report says so (naming the extra to install) and the Triton MX op serves the record."""
+    build.library.cache_clear()
+    monkeypatch.setenv("QLOWER_NVCC", "/nonexistent/nvcc")
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    try:
+        report = _decide(128)
+    finally:
+        build.library.cache_clear()
+    entry = report.entries[0]
+    assert entry.lowering == "triton.mx_linear", report.table()
+    why = dict(entry.passed_over)[LOWERING]
+    assert "nvcc" in why and "qlower[cuda]" in why, why
+
+
 def test_cpp_wrapper_keeps_the_triton_op(built):
     """No C shim for the MXFP4 op: a C++ wrapper (AOTInductor, cpp_wrapper) keeps the Triton MX op, and says why."""
     from torch._inductor import config as inductor_config
