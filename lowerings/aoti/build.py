@@ -43,29 +43,28 @@ def shim_library(device: str) -> Library:
     return build(f"qlower_aoti_shims_{device}", files)
 
 
-def separate_shim_library(op: str) -> Library:
-    """The shim library of one of `shim_ops.SEPARATE_LIBRARY_OPS`: its C shim, its C++ kernel and the objects
-    the kernel calls (the CUTLASS op: the CUTLASS library's, built by nvcc at first use). Linked only into
-    packages that call the op. Raises BuildError when the objects cannot be had (no nvcc or CUTLASS here)."""
+def separate_shim_library(device: str) -> Library:
+    """The shim library of `device`'s `shim_ops.SEPARATE_LIBRARY_OPS`: their C shims, their C++ kernels and
+    the objects the kernels call (the CUTLASS ops: the CUTLASS library's, built by nvcc at first use). Linked
+    only into packages that call one of them. Raises BuildError when the objects cannot be had (no nvcc or
+    CUTLASS here)."""
     from qlower.lowerings.kernels.cutlass import build as cutlass_build
 
-    device = ops.SEPARATE_LIBRARY_OPS[op][0]
-    shim_plan = codegen.plan(
-        device, [o for o in ops.separate_library_ops(device) if o.qualified == op], direct_kernels=True
-    )
+    separate = ops.separate_library_ops(device)
+    shim_plan = codegen.plan(device, separate, direct_kernels=True)
     objects = cutlass_build.objects()
     cudart = cutlass_build.cudart_link_flags()
     for why in (objects, cudart):
         if isinstance(why, str):
-            raise BuildError(f"qlower: no C shim for {op}: {why}")
-    name = op.split("::", 1)[1]
+            names = ", ".join(o.qualified for o in separate)
+            raise BuildError(f"qlower: no C shim for {names}: {why}")
     files = {
         codegen.header_include(device, "custom-ops"): codegen.render_header(shim_plan),
-        f"qlower_c_shim_{device}_{name}.cpp": codegen.render_source(shim_plan, "custom-ops"),
+        f"qlower_c_shim_{device}_cutlass.cpp": codegen.render_source(shim_plan, "custom-ops"),
         **kernel_only_sources(shim_plan.kernel_sources),
     }
     return build(
-        f"qlower_aoti_shims_{device}_{name}", files, extra_objects=tuple(objects), link_flags=tuple(cudart)
+        f"qlower_aoti_shims_{device}_cutlass", files, extra_objects=tuple(objects), link_flags=tuple(cudart)
     )
 
 

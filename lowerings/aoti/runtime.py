@@ -11,7 +11,7 @@ is added in place, neither to the options (reused, compared and hashed across co
 global config, and the notes go with the compile (tests/integrations/aoti/test_aoti_shims.py). The wrapper links the library's
 static archive: the shims live inside the package, which loads wherever it is copied, on any process where
 qlower's ops are registered (tests/integrations/aoti/test_aoti_portable.py). The ops of `shim_ops.SEPARATE_LIBRARY_OPS` (the
-CUTLASS op) have a shim library of their own, linked only into the packages that call them.
+CUTLASS ops) have a shim library of their own, linked only into the packages that call one of them.
 `QLOWER_AOTI_SHIMS=0` turns this off (proxy executor).
 """
 
@@ -235,17 +235,28 @@ def _emitted(graph: fx.Graph, found: dict[str, set[str]] | None = None) -> dict[
 def _separate_libraries(
     emitted: dict[str, set[str]], shims: dict[torch._ops.OpOverload, list[str]]
 ) -> list[str]:
-    """The `custom_op_libs` entries of the emitted ops whose shims have a library of their own; an op whose
-    library cannot be built here loses its shim entry (the proxy executor calls it)."""
+    """The `custom_op_libs` entries of the devices whose emitted ops have their shims in a library of its own
+    (`build.separate_shim_library`); where that library cannot be built here, its ops lose their shim entries
+    (the proxy executor calls them)."""
     libs = []
-    for name, (device, _) in sorted(ops.SEPARATE_LIBRARY_OPS.items()):
-        if device not in emitted.get(name, ()) or ops.op_from_name(name).op_overload not in shims:
+    for device in sorted({device for device, _ in ops.SEPARATE_LIBRARY_OPS.values()}):
+        overloads = [
+            ops.op_from_name(name).op_overload
+            for name, (op_device, _) in sorted(ops.SEPARATE_LIBRARY_OPS.items())
+            if op_device == device and device in emitted.get(name, ())
+        ]
+        if not any(o in shims for o in overloads):
             continue
         try:
-            libs.append(build.separate_shim_library(name).custom_op_libs_entry())
+            libs.append(build.separate_shim_library(device).custom_op_libs_entry())
         except (build.BuildError, codegen.ShimError) as e:
-            log.warning("qlower: no C shim for %s, AOTInductor will use the proxy executor: %s", name, e)
-            shims.pop(ops.op_from_name(name).op_overload, None)
+            log.warning(
+                "qlower: no C shims of %s's CUTLASS ops, AOTInductor will use the proxy executor: %s",
+                device,
+                e,
+            )
+            for o in overloads:
+                shims.pop(o, None)
     return libs
 
 

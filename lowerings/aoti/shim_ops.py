@@ -89,12 +89,13 @@ def op_from_name(qualified: str) -> ShimOp:
     return aten_op(name, overload) if ns == "aten" else registered_op(ns, name, overload)
 
 
-# qlower ops of one device whose kernels need more than the C++ compiler (the CUTLASS op: nvcc and the CUTLASS
+# qlower ops of one device whose kernels need more than the C++ compiler (the CUTLASS ops: nvcc and the CUTLASS
 # headers, minutes of build): op -> (device, the module that registers it). Their shims are declared for that
-# device alone and built into a library of their own, linked only into the packages that call them
-# (lowerings/aoti/build.py `separate_shim_library`, runtime.prepare_compile).
+# device alone and built into one library of their own per device, linked only into the packages that call
+# one of them (lowerings/aoti/build.py `separate_shim_library`, runtime.prepare_compile).
 SEPARATE_LIBRARY_OPS: dict[str, tuple[str, str]] = {
     "qlower::woq_int8_cutlass": ("cuda", "qlower.lowerings.kernels.cutlass.w8a16"),
+    "qlower::mxfp4_cutlass": ("cuda", "qlower.lowerings.kernels.cutlass.mxfp4"),
 }
 
 

@@ -7,6 +7,7 @@ dtype (or a number that dtype holds exactly), the same fp16 range rules as the T
 library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in the report); under
 AOTInductor also the library's objects, which the op's C shim links into the package (lowerings/aoti/build.py;
 tests/integrations/aoti/test_aoti_cutlass.py), unless `QLOWER_AOTI_CUTLASS=0` keeps packages on the Triton kernels.
+The MXFP4 lowering (`MXFP4_CUTLASS`, below) follows the same rules with its own operands.
 Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs or in a
 C++-wrapper compile (AOTInductor, cpp_wrapper: the branch on M is a C++ `if`), which gets qlower's Triton op with
 this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
@@ -26,6 +27,7 @@ from qlower.lowerings.devices import crossovers
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import spec_layout_blocker, weight_scale_range_blocker
 from qlower.lowerings.devices.crossovers import CUTLASS_W8A16_M_RANGE
+from qlower.lowerings.emit.common import host_branches
 from qlower.lowerings.emit.cutlass import emit_mxfp4_cutlass, emit_woq_int8_cutlass
 from qlower.lowerings.kernels.cutlass.configs import (
     K_MULTIPLE,
@@ -92,12 +94,16 @@ def _device_blocker(rec: QuantLinear) -> str | None:
     return None
 
 
-def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
-    why = _device_blocker(rec)
-    if why:
-        return why
+def _aoti_switch_blocker() -> str | None:
     if _aoti() and os.environ.get(AOTI_SWITCH, "1") == "0":
         return f"AOTInductor: {AOTI_SWITCH}=0 keeps packages on the Triton kernels (no nvcc objects linked)"
+    return None
+
+
+def supports_woq_int8_cutlass(rec: QuantLinear) -> str | None:
+    why = _device_blocker(rec) or _aoti_switch_blocker()
+    if why:
+        return why
     why = _operand_blocker(rec) or _scale_blocker(rec) or weight_scale_range_blocker(rec)
     if why:
         return why
@@ -178,13 +184,11 @@ WOQ_INT8_CUTLASS = Lowering(
 # --------------------------------------------------------------------- MXFP4 weight-only
 def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
     """Weight-only MX with e2m1 elements in 32-element blocks (the OCP layout), bf16 x and output, the weight
-    stored [N, K/2] bytes, static K a multiple of the kernel's K tile (128) and N of 8. Not under AOTInductor or
-    cpp_wrapper: the op has no C shim (the Triton MX op serves C++ wrappers)."""
-    why = _device_blocker(rec)
+    stored [N, K/2] bytes, static K a multiple of the kernel's K tile (128) and N of 8. Under AOTInductor the
+    op's C shim links the library's objects into the package, as for W8A16 (`QLOWER_AOTI_CUTLASS=0`: no)."""
+    why = _device_blocker(rec) or _aoti_switch_blocker()
     if why:
         return why
-    if _aoti():
-        return "AOTInductor / cpp_wrapper: the MXFP4 CUTLASS op has no C shim; the C++ wrapper keeps the Triton MX kernels"
     d = rec.weight_mx
     if d is None or d.elem != "e2m1" or rec.weight_block != 32:
         return "not MXFP4 (e2m1 elements, one scale per 32)"
@@ -207,12 +211,18 @@ def supports_mxfp4_cutlass(rec: QuantLinear) -> str | None:
 
 def prefer_mxfp4_cutlass(rec: QuantLinear) -> str | None:
     """AUTO: a static M in `crossovers.CUTLASS_MXFP4_M_RANGE`; a symbolic M gets the Triton MX op with this
-    GEMM as its run-time choice from the range's start (emit.cutlass.emit_mxfp4_cutlass). None: not measured
+    GEMM as its run-time choice in the range (emit.cutlass.emit_mxfp4_cutlass): host-branch leaves calling the
+    op (C++ wrappers too), or under CUDA graphs gated buckets choosing per call in Python. None: not measured
     on hardware, so AUTO leaves it to the Triton op (KernelPreference.CUTLASS runs it)."""
     if crossovers.CUTLASS_MXFP4_M_RANGE is None:
         return "not measured on an sm_90 GPU yet (crossovers.CUTLASS_MXFP4_M_RANGE): KernelPreference.CUTLASS runs it"
     lo, hi = crossovers.CUTLASS_MXFP4_M_RANGE
     if not is_static(rec.m):
+        if _aoti() and not host_branches(rec):
+            return (
+                f"AOTInductor with M={rec.m}, not one size symbol: the gated buckets' run-time choice "
+                "(`qlower::mxfp4_dense`) runs in Python wrappers alone; the Triton MX kernels serve"
+            )
         return None
     m = int(rec.m)
     if m < lo or (hi is not None and m > hi):

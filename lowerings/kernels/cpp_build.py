@@ -288,9 +288,11 @@ def build(
 
 
 NATIVE_SOURCES = ("woq_gemm.cpp", "int8_gemm.cpp")
-# The CUTLASS op's kernel: it calls the CUTLASS library's objects, so its shim has a library of its own
-# (lowerings/aoti/build.py, `separate_shim_library`), and it includes generated headers (`kernel_only_sources`).
+# The CUTLASS ops' kernels: they call the CUTLASS library's objects, so their shims have a library of their own
+# (lowerings/aoti/build.py, `separate_shim_library`), and they include generated headers (`kernel_only_sources`).
 CUTLASS_KERNEL_SOURCE = "cuda/woq_int8_cutlass.cpp"
+CUTLASS_MXFP4_KERNEL_SOURCE = "cuda/mxfp4_cutlass.cpp"
+CUTLASS_KERNEL_SOURCES = (CUTLASS_KERNEL_SOURCE, CUTLASS_MXFP4_KERNEL_SOURCE)
 ANY_DEVICE = "*"
 # qlower ops whose kernel is a C++ function of csrc/ named like the op (`qlower::woq_int8_gemm`): op ->
 # (device, or ANY_DEVICE for a kernel of aten calls alone; source). The C shims of those devices call the
@@ -305,6 +307,7 @@ DIRECT_KERNELS: dict[str, tuple[str, str]] = {
     "qlower::int8_mm_min_m": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::mx_bytes": (ANY_DEVICE, "qlower_ops.cpp"),
     "qlower::woq_int8_cutlass": ("cuda", CUTLASS_KERNEL_SOURCE),
+    "qlower::mxfp4_cutlass": ("cuda", CUTLASS_MXFP4_KERNEL_SOURCE),
 }
 
 
@@ -318,12 +321,13 @@ def direct_kernel(op: str, device: str) -> str | None:
 
 def kernel_only_sources(names: list[str]) -> dict[str, str]:
     """Generated files holding the csrc/ sources `names` as kernels alone (no op registration), with the
-    headers they include that are generated (the CUTLASS kernel's configuration table and entry points)."""
+    headers they include (the CUTLASS kernels': their configuration choice and entry points, generated, and the
+    library's headers)."""
     files = {
         f"qlower_kernel_{Path(name).stem}.cpp": "#define QLOWER_KERNEL_ONLY 1\n" + (CSRC / name).read_text()
         for name in names
     }
-    if CUTLASS_KERNEL_SOURCE in names:
+    if set(CUTLASS_KERNEL_SOURCES) & set(names):
         from qlower.lowerings.kernels.cutlass import cpp_sources
 
         files.update(cpp_sources.generated_files())

@@ -171,15 +171,14 @@ def _(x: torch.Tensor, w_nk: torch.Tensor, max_m: int) -> torch.Tensor:
 
 int8_gemm = torch.ops.qlower.int8_gemm.default
 
-# Ops whose lowerings refuse AOTInductor compiles (they need Python state at run time, like the prepack
-# cache, or have no C++ kernel yet, like the CUTLASS MXFP4 GEMM's ops, whose lowering declines C++ wrappers:
-# devices/cuda_cutlass.py): they never reach a package, so they get no C shim and no C++ kernel.
+# Ops that never reach a C++ wrapper (they need Python state at run time, like the prepack cache, or are
+# emitted only where the wrapper is Python: `mxfp4_dense`, the gated buckets' run-time choice under CUDA
+# graphs, kernels/triton/mx/launch.py): they get no C shim and no C++ kernel.
 PYTHON_RUNTIME_ONLY = frozenset(
     {
         "qlower::qlinear_u8_cached",
         "qlower::int8_weight_mm",
         "qlower::int8_scaled_weight_mm",
-        "qlower::mxfp4_cutlass",
         "qlower::mxfp4_dense",
     }
 )

@@ -37,10 +37,15 @@ class Moved:
 
 
 def export_and_move(
-    model: nn.Module, x: torch.Tensor, root: Path, ops_library: Path | None = None, dynamic: bool = True
+    model: nn.Module,
+    x: torch.Tensor,
+    root: Path,
+    ops_library: Path | None = None,
+    dynamic: bool = True,
+    sizes: tuple[int, ...] = SIZES,
 ) -> Moved:
     """Export `model` (a `Dim` batch, else static) with a private qlower cache, copy the package (and
-    `ops_library`) into a fresh folder with the eager outputs at every M in SIZES (a static package: its
+    `ops_library`) into a fresh folder with the eager outputs at every M in `sizes` (a static package: its
     own M), and delete the export's cache and folder."""
     export_dir, export_cache, folder = root / "export", root / "export_cache", root / "elsewhere"
     export_dir.mkdir()
@@ -60,7 +65,7 @@ def export_and_move(
     with zipfile.ZipFile(path) as z:
         (name,) = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
         wrapper = z.read(name).decode()
-    sizes = SIZES if dynamic else (x.shape[0],)
+    sizes = sizes if dynamic else (x.shape[0],)
     xs = [torch.randn(m, *x.shape[1:], dtype=x.dtype, device=x.device) for m in sizes]
     with torch.no_grad():
         torch.save({"x": xs, "want": [model(x) for x in xs]}, folder / "io.pt")

@@ -34,6 +34,7 @@ from tests.helpers.aoti_package import elf, export_and_move, run_fresh, run_scri
 from tests.helpers.fake_gpu_trace import fake_woq_graph, symbolic_m_woq_graph
 
 OP = "qlower::woq_int8_cutlass"
+MXFP4_OP = "qlower::mxfp4_cutlass"
 LOWERING = "cutlass.woq_int8_w8a16"
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++")
@@ -97,12 +98,44 @@ def test_entry_points_follow_the_configurations():
 
 
 @needs_gxx
-def test_kernel_compiles_against_torch_headers(tmp_path):
-    """The C++ kernel the shim calls compiles with torch's headers alone (no CUDA header), as the shim
+def test_cpp_mxfp4_choice_matches_mxfp4_choose(tmp_path):
+    from qlower.lowerings.kernels.cutlass import mxfp4
+
+    calls = [
+        (m, n, k) for (n, k) in [*SHAPES, (14336, 4096), (4096, 14336), (28672, 4096), (8, 128)] for m in MS
+    ]
+    body = "\n".join(f"  show(qlower_cutlass_mxfp4::choose({m}, {n}, {k}));" for m, n, k in calls)
+    main = (
+        f'#include <cstdio>\n#include "{cpp_sources.MXFP4_HEADER}"\n'
+        "static void show(qlower_cutlass_mxfp4::Choice c) {\n"
+        '  std::printf("%s %d\\n", qlower_cutlass_mxfp4::kConfigNames[c.config], c.splits);\n}\n'
+        f"int main() {{\n{body}\n  return 0;\n}}\n"
+    )
+    # `choose` alone: no entry point is linked (`entry` is an inline function left unused)
+    files = {name: text for name, text in cpp_sources.generated_files().items() if name.endswith(".h")}
+    proc = _compile(tmp_path, files, main, "-o", "choose")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = subprocess.run(
+        [str(tmp_path / "choose")], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
+    got = run.stdout.splitlines()
+    want = [f"{c.config} {c.splits}" for c in (mxfp4.choose(m, n, k) for m, n, k in calls)]
+    wrong = [(call, g, w) for call, g, w in zip(calls, got, want, strict=True) if g != w]
+    assert len(got) == len(want) and not wrong, wrong[:10]
+    # the grid reaches both tile widths, stream-K with each split and the data-parallel tiles
+    assert {w.split()[1] for w in want} >= {"0", "2", "4"}
+    chosen = {w.split()[0] for w in want}
+    assert chosen >= {c.name for c in configs.MXFP4_CONFIGS if c.tile_tokens < 256 and c.cluster_rows == 1}
+
+
+@needs_gxx
+@pytest.mark.parametrize("kernel", cpp_build.CUTLASS_KERNEL_SOURCES)
+def test_kernel_compiles_against_torch_headers(tmp_path, kernel):
+    """Each C++ kernel a CUTLASS shim calls compiles with torch's headers alone (no CUDA header), as the shim
     library's build compiles it."""
     from torch.utils.cpp_extension import include_paths
 
-    files = cpp_build.kernel_only_sources([cpp_build.CUTLASS_KERNEL_SOURCE])
+    files = cpp_build.kernel_only_sources([kernel])
     (source,) = [name for name in files if name.endswith(".cpp")]
     main = f'#include "{source}"\n'
     incs = [f"-I{p}" for p in include_paths()]
@@ -110,24 +143,29 @@ def test_kernel_compiles_against_torch_headers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
-def test_shim_is_declared_for_cuda_alone_and_built_apart():
+def test_shims_are_declared_for_cuda_alone_and_built_apart():
     names = lambda device, **kw: {o.qualified for o in ops.ops_for_device(device, **kw)}  # noqa: E731
-    assert OP in names("cuda")
-    assert OP not in names("cuda", separate=False)  # the shared CUDA shim library leaves it out
-    assert OP not in names("cpu") and OP not in names("xpu")
+    for op in (OP, MXFP4_OP):
+        assert op in names("cuda")
+        assert op not in names("cuda", separate=False)  # the shared CUDA shim library leaves it out
+        assert op not in names("cpu") and op not in names("xpu")
     plan = codegen.plan("cuda", ops.separate_library_ops("cuda"), direct_kernels=True)
-    (shim,) = plan.shims
-    assert shim.symbol == "aoti_torch_cuda_woq_int8_cutlass"
-    assert plan.kernel_sources == [cpp_build.CUTLASS_KERNEL_SOURCE]
+    assert sorted(shim.symbol for shim in plan.shims) == [
+        "aoti_torch_cuda_mxfp4_cutlass",
+        "aoti_torch_cuda_woq_int8_cutlass",
+    ]
+    assert sorted(plan.kernel_sources) == sorted(cpp_build.CUTLASS_KERNEL_SOURCES)
     source = codegen.render_source(plan, "custom-ops")
     assert "return ::qlower::woq_int8_cutlass(x, w, scale, bias);" in source
-    assert abi_lock.read()[shim.key] == shim.declaration  # locked: packages call it by this symbol
+    assert "return ::qlower::mxfp4_cutlass(x, w, scales, bias);" in source
+    for shim in plan.shims:
+        assert abi_lock.read()[shim.key] == shim.declaration  # locked: packages call it by this symbol
 
 
 def test_library_build_says_why_without_objects(monkeypatch):
     monkeypatch.setattr(cutlass_build, "objects", lambda: "nvcc not found: `pip install 'qlower[cuda]'`")
-    with pytest.raises(build.BuildError, match="no C shim for qlower::woq_int8_cutlass: nvcc not found"):
-        build.separate_shim_library(OP)
+    with pytest.raises(build.BuildError, match="no C shim for .*woq_int8_cutlass.*: nvcc not found"):
+        build.separate_shim_library("cuda")
 
 
 def test_library_links_the_cuda_runtime_by_soname(monkeypatch):
@@ -144,10 +182,11 @@ def test_library_links_the_cuda_runtime_by_soname(monkeypatch):
         return cpp_build.Library(Path(f"/cache/lib{name}.so"), link_flags)
 
     monkeypatch.setattr(build, "build", fake_build)
-    lib = build.separate_shim_library(OP)
+    lib = build.separate_shim_library("cuda")
     ((name, files, extra_objects, link_flags),) = calls
-    assert name == "qlower_aoti_shims_cuda_woq_int8_cutlass" and extra_objects == tuple(objs)
-    assert link_flags == tuple(flags) and "qlower_kernel_woq_int8_cutlass.cpp" in files
+    assert name == "qlower_aoti_shims_cuda_cutlass" and extra_objects == tuple(objs)
+    assert link_flags == tuple(flags)
+    assert {"qlower_kernel_woq_int8_cutlass.cpp", "qlower_kernel_mxfp4_cutlass.cpp"} <= set(files)
     assert lib.custom_op_libs_entry().endswith(" -L/toolkit/lib64 -l:libcudart.so.13")
 
 
@@ -191,27 +230,31 @@ def test_emitted_ops_are_found_inside_subgraphs():
     assert runtime._emitted(gm.graph) == {OP: {"cuda"}}
 
 
-def test_the_cutlass_library_is_linked_only_for_a_compile_that_calls_it(monkeypatch):
+@pytest.mark.parametrize("op", [OP, MXFP4_OP])
+def test_the_cutlass_library_is_linked_only_for_a_compile_that_calls_it(monkeypatch, op):
     built = []
 
-    def fake_build(op: str) -> cpp_build.Library:
-        built.append(op)
-        return cpp_build.Library(Path("/cache/libqlower_aoti_shims_cuda_woq_int8_cutlass.so"))
+    def fake_build(device: str) -> cpp_build.Library:
+        built.append(device)
+        return cpp_build.Library(Path("/cache/libqlower_aoti_shims_cuda_cutlass.so"))
 
     monkeypatch.setattr(build, "separate_shim_library", fake_build)
-    overload = ops.separate_library_ops("cuda")[0].op_overload
-    shims = {overload: ["decl"]}
+    overloads = [o.op_overload for o in ops.separate_library_ops("cuda")]
+    shims = {o: ["decl"] for o in overloads}
     assert runtime._separate_libraries({"qlower::woq_int8_gemm": {"cuda"}}, shims) == []
-    assert built == [] and overload in shims
-    (entry,) = runtime._separate_libraries({OP: {"cuda"}}, shims)
-    assert entry.startswith(":libqlower_aoti_shims_cuda_woq_int8_cutlass.a ") and built == [OP]
+    assert built == [] and all(o in shims for o in overloads)
+    (entry,) = runtime._separate_libraries({op: {"cuda"}}, shims)
+    assert entry.startswith(":libqlower_aoti_shims_cuda_cutlass.a ") and built == ["cuda"]
+    # both ops called: one library
+    (entry,) = runtime._separate_libraries({OP: {"cuda"}, MXFP4_OP: {"cuda"}}, shims)
 
-    def failing(op: str) -> cpp_build.Library:
+    def failing(device: str) -> cpp_build.Library:
         raise build.BuildError("nvcc failed")
 
     monkeypatch.setattr(build, "separate_shim_library", failing)
-    assert runtime._separate_libraries({OP: {"cuda"}}, shims) == []
-    assert overload not in shims  # the op goes to the proxy executor, never to an unlinked shim
+    assert runtime._separate_libraries({op: {"cuda"}}, shims) == []
+    called = ops.op_from_name(op).op_overload
+    assert called not in shims  # the op goes to the proxy executor, never to an unlinked shim
 
 
 # ------------------------------------------------------------------------- the choice under AOTInductor
@@ -316,5 +359,62 @@ def test_package_calls_the_cutlass_shim_and_runs_without_qlower(dynamic, tmp_pat
     xs = torch.load(moved.folder / "io.pt")["x"]
     for x, got in zip(xs, outs, strict=True):
         ref, bound = _bound(x, model)
+        err = (got.double() - ref).abs()
+        assert got.shape == ref.shape and bool((err <= bound).all()), (x.shape[0], float((err - bound).max()))
+
+
+class _Mxfp4Linear(torch.nn.Module):
+    """MXFP4 weight-only linear as users write it: the spec decode, then F.linear (bf16 x)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        from qlower.patterns import mx_format as fmt
+
+        g = torch.Generator().manual_seed(0)
+        q, e = fmt.quantize(torch.randn(n, k, generator=g) * k**-0.5, "e2m1")
+        self.register_buffer("q", q)
+        self.register_buffer("e", e)
+        self.register_buffer("bias", torch.randn(n, generator=g).to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from qlower.patterns import mx_format as fmt
+
+        return torch.nn.functional.linear(x, fmt.dequantize(self.q, self.e, "e2m1", x.dtype), self.bias)
+
+
+@pytest.mark.gpu
+@needs_cuda_package_load
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static_m", "dim_batch"])
+def test_package_calls_the_mxfp4_shim_and_runs_without_qlower(dynamic, tmp_path, monkeypatch):
+    """The MXFP4 GEMM from a package: a static M in its range, and a `Dim` batch run below, inside and above the
+    range (host-branch leaves: Triton, the shim, dequantize + cuBLAS), each within one bf16 rounding of the
+    weight and one of the output plus fp32 accumulation, against float64."""
+    from qlower.lowerings.devices.crossovers import CUTLASS_MXFP4_M_RANGE
+    from qlower.patterns import mx_format as fmt
+
+    monkeypatch.delenv("QLOWER_AOTI_CUTLASS", raising=False)
+    why = _sm90_objects()
+    if why:
+        pytest.skip(why)
+    model = _Mxfp4Linear(N_GPU, K_GPU).cuda().eval()
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    root = tmp_path / "export_root"
+    root.mkdir()
+    x = torch.randn(lo if not dynamic else 300, K_GPU, dtype=torch.bfloat16, device="cuda")
+    moved = export_and_move(model, x, root, dynamic=dynamic, sizes=(1, lo, hi, hi + 1))
+    (row,) = moved.report.lowered
+    assert row.lowering == "cutlass.mxfp4_weight_only", moved.report.table()
+    assert "aoti_torch_cuda_mxfp4_cutlass(" in moved.wrapper
+    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
+    assert "qlower" not in elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outs = run_fresh(moved, run_script("qlower_blocked"), run_dir)
+    xs = torch.load(moved.folder / "io.pt")["x"]
+    wd = fmt.dequantize_f64(model.q, model.e, "e2m1").to(torch.bfloat16).double()
+    for x, got in zip(xs, outs, strict=True):
+        ref = x.double() @ wd.t() + model.bias.double()
+        mag = x.double().abs() @ wd.abs().t() + model.bias.double().abs()
+        bound = mag * (2.0**-7 + K_GPU * 2.0**-23) + 1e-30
         err = (got.double() - ref).abs()
         assert got.shape == ref.shape and bool((err <= bound).all()), (x.shape[0], float((err - bound).max()))

@@ -176,14 +176,114 @@ def test_missing_toolchain_is_the_reason_and_triton_serves(monkeypatch):
     assert "nvcc" in why and "qlower[cuda]" in why, why
 
 
-def test_cpp_wrapper_keeps_the_triton_op(built):
-    """No C shim for the MXFP4 op: a C++ wrapper (AOTInductor, cpp_wrapper) keeps the Triton MX op, and says why."""
+@pytest.fixture
+def objects(built, monkeypatch):
+    """Pretend the library's objects exist too (what a C++-wrapper compile links); no switch set."""
+    monkeypatch.delenv("QLOWER_AOTI_CUTLASS", raising=False)
+    monkeypatch.setattr(build, "objects", lambda: [Path("/nonexistent/mxfp4_t128x64_c1x1_coop.o")])
+
+
+def _decide_cpp_wrapper(gm: torch.fx.GraphModule) -> qlower.Report:
     from torch._inductor import config as inductor_config
 
-    with inductor_config.patch(cpp_wrapper=True):
-        report = _decide(128)
-    entry = report.entries[0]
-    assert entry.lowering == "triton.mx_linear" and "no C shim" in dict(entry.passed_over)[LOWERING]
+    with (
+        override_cuda_capability((9, 0)),
+        inductor_config.patch({"cpp_wrapper": True, "triton.cudagraphs": False}),
+    ):
+        return apply_pass(gm, families=("mx",))
+
+
+def _targets(gm: torch.fx.GraphModule) -> list:
+    """Every call's target in `gm` and in its subgraphs (the branches of `torch.cond`)."""
+    found = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    for sub in gm.children():
+        if isinstance(sub, torch.fx.GraphModule):
+            found += _targets(sub)
+    return found
+
+
+def test_cpp_wrapper_takes_cutlass_for_static_and_symbolic_m(objects, monkeypatch):
+    """The op has a C shim: a C++ wrapper (AOTInductor, cpp_wrapper) takes it at a static M in its range, and for
+    a size-symbol M as the host branch's leaves inside the range (no Python-only op in the graph)."""
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+
+    gm = _fake_graph(spec_decode, CUTLASS_MXFP4_M_RANGE[0])
+    assert _decide_cpp_wrapper(gm).entries[0].lowering == LOWERING
+    assert torch.ops.qlower.mxfp4_cutlass.default in _targets(gm)
+    monkeypatch.setattr(mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: True)  # as on a GPU
+    gm = _symbolic_m_graph()
+    (entry,) = _decide_cpp_wrapper(gm).entries
+    assert entry.lowering == LOWERING, entry
+    targets = _targets(gm)
+    assert torch.ops.qlower.mxfp4_cutlass.default in targets
+    assert torch.ops.qlower.mxfp4_dense.default not in targets
+
+
+def test_cpp_wrapper_with_a_product_m_keeps_the_triton_op(objects):
+    """M = B * T (a flattened [B, T, K] batch) cannot branch on the host: the gated form's run-time choice is a
+    Python op, so a C++ wrapper keeps the Triton MX op and says why."""
+    from torch._dynamo.source import ConstantSource
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    b = env.create_symintnode(env.create_symbol(75, ConstantSource("b")), hint=75)
+    with FakeTensorMode(shape_env=env):
+        args = (
+            torch.empty(b, 4, K, dtype=BF16, device="cuda"),
+            torch.empty(N, K // 2, dtype=torch.uint8, device="cuda"),
+            torch.empty(N, K // 32, dtype=torch.uint8, device="cuda"),
+        )
+    gm = make_fx(spec_decode, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    (entry,) = _decide_cpp_wrapper(gm).entries
+    assert entry.lowering == "triton.mx_linear", entry
+    assert "not one size symbol" in dict(entry.passed_over)[LOWERING]
+
+
+def test_the_switch_off_keeps_packages_on_the_triton_op(objects, monkeypatch):
+    monkeypatch.setenv("QLOWER_AOTI_CUTLASS", "0")
+    (entry,) = _decide_cpp_wrapper(_fake_graph(spec_decode, 128)).entries
+    assert entry.lowering == "triton.mx_linear"
+    assert "QLOWER_AOTI_CUTLASS=0" in dict(entry.passed_over)[LOWERING]
+
+
+def test_host_branch_leaves_end_at_the_cutlass_range(monkeypatch):
+    """The host branch (default mode, C++ wrappers) splits its M ranges at the CUTLASS range's ends: the leaves
+    inside call `qlower::mxfp4_cutlass` (its torch reference here, compared), the leaf above runs dequantize +
+    cuBLAS, the leaves below the Triton kernels."""
+    from qlower.lowerings.kernels.triton.mx import kernels as mx_kernels
+    from qlower.lowerings.kernels.triton.mx import launch
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+
+    lo, hi = CUTLASS_MXFP4_M_RANGE
+    assert mx_ops.split_at(((1, 16), (17, 200), (201, None)), (lo - 1, hi)) == (
+        (1, 16), (17, lo - 1), (lo, 200), (201, hi), (hi + 1, None)
+    )  # fmt: skip
+    monkeypatch.setattr(mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: True)
+    dense = []
+    monkeypatch.setattr(mx_ops, "dense_bf16", lambda cfg, a, *rest, **kw: dense.append(cfg) or a.new_zeros(0))
+    captured = []
+    monkeypatch.setattr(mx_ops, "branch_on_m", lambda leaves, operands: captured.append(leaves) or None)
+    n, k = 16, 256
+    g = torch.Generator().manual_seed(0)
+    w, e = fmt.quantize(torch.randn(n, k, generator=g), "e2m1")
+    blocks = mxfp4.block_scales(fmt.scale_f64(e))
+    bias = torch.randn(n, generator=g).to(BF16)
+    fmts = (mx_kernels.FLOAT, mx_kernels.E2M1, False, False)
+    for m in (lo - 1, lo, hi, hi + 1):
+        captured.clear()
+        x = torch.randn(m, k, generator=g).to(BF16)
+        mx_ops._branch_on_m(x, None, w, e, bias, fmts, BF16, mx_ops.SPEC, (blocks, lo, hi))
+        # a static M keeps its own leaf (and the M = 1 leaf, never pruned: launch_args.m_range_gate)
+        leaf_hi, leaf = next((h, f) for h, f in captured[0] if h is None or h >= m)
+        if m < lo:
+            assert leaf_hi == lo - 1
+            continue
+        got = leaf(x, None, w, e, bias, blocks)
+        if m <= hi:
+            assert torch.equal(got, mxfp4.reference(x, w, blocks, bias)), m
+        else:
+            assert leaf_hi is None and dense == [launch.BF16_DENSE], m
 
 
 def test_report_names_the_configuration(built):

@@ -284,9 +284,24 @@ def pick_weight_only(
     return pick_decode(m, w_fmt, k, n, device)
 
 
-def buckets(x_dtype: torch.dtype, w_fmt: int) -> tuple[tuple[int, Optional[int]], ...]:
+Buckets = tuple[tuple[int, Optional[int]], ...]
+
+
+def buckets(x_dtype: torch.dtype, w_fmt: int) -> Buckets:
     """The M ranges (lo, hi) a symbolic M is split into for weight-only MX."""
     return _BF16_BUCKETS if bf16_decodes(x_dtype, w_fmt) else _BUCKETS
+
+
+def split_at(ranges: Buckets, edges: tuple[int, ...]) -> Buckets:
+    """`ranges` with each range holding an edge e below its end split into (.., e) and (e + 1, ..): the host
+    branch's leaves then end where the CUTLASS GEMM's M range starts and ends (`_branch_on_m`)."""
+    out = list(ranges)
+    for e in edges:
+        for i, (lo, hi) in enumerate(out):
+            if e >= lo and (hi is None or e < hi):
+                out[i : i + 1] = [(lo, e), (e + 1, hi)]
+                break
+    return tuple(out)
 
 
 def decode_rule(m: int, w_fmt: int, k: int, n: int) -> Optional[DecodeConfig]:
@@ -411,7 +426,8 @@ def mx_linear(
     `a_special` / `w_special`: how each operand's e8m0 codes 0 and 255 decode (`Special`; 0: the OCP spec).
     `w_blocks` (MXFP4 weights, bf16 x): the weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them
     (`kernels/cutlass/mxfp4.py`), which then runs from M = `cutlass_min_m` to `cutlass_max_m` (0: no end),
-    and dequantize + cuBLAS above (`pick_weight_only`, `launch.mxfp4_dense`).
+    and dequantize + cuBLAS above (`pick_weight_only`): the gated path's `launch.mxfp4_dense` picks per call,
+    the host branch's leaves end at the range's ends and call the CUTLASS op itself (C++ wrappers included).
     """
     m, n = a.shape[0], w.shape[0]
     fmts = (a_fmt, w_fmt, a_swizzled, w_swizzled)
@@ -466,19 +482,26 @@ def _branch_on_m(
     if _decode_words(a, w, a_fmt, w_fmt) is not None:
         k = w.shape[1] * (2 if w_fmt == E2M1 else 1)
         n = int(w.shape[0]) if is_static(w.shape[0]) else -1
-        for lo, hi in buckets(a.dtype, w_fmt):
+        ranges = buckets(a.dtype, w_fmt)
+        if cutlass_min_m:
+            ranges = split_at(ranges, (cutlass_min_m - 1, *((cutlass_max_m,) if cutlass_max_m else ())))
+        for lo, hi in ranges:
             if _gate(m, lo, hi) is None:
                 continue
             rep = lo if hi is None else hi
             cur = pick_config(rep, a_fmt, w_fmt) if hi is not None else pick_config(1 << 20, a_fmt, w_fmt)
             cfg = pick_weight_only(rep, w_fmt, k, n, a.dtype, cutlass_min_m=cutlass_min_m)
+            if cfg is CUTLASS_GEMM and cutlass_max_m and lo > cutlass_max_m:
+                cfg = BF16_DENSE  # above the CUTLASS GEMM's range (leaves split at its end)
             if cfg is not None and cfg.kernel in DENSE_KERNELS:
 
                 def dense(a_, as_, w_, ws_, b_, bl_=None, cfg=cfg) -> torch.Tensor:
-                    if cfg.kernel == "cutlass":
-                        out = torch.ops.qlower.mxfp4_dense(
-                            a_, w_, bl_, ws_, b_, w_swz, sp.w, cutlass_max_m, 1
-                        )
+                    if cfg.kernel == "cutlass":  # a leaf inside the GEMM's M range: the op itself
+                        from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers the op)
+
+                        fused = b_ is None or b_.dtype == torch.bfloat16
+                        out = torch.ops.qlower.mxfp4_cutlass(a_, w_, bl_, b_ if fused else None)
+                        out = out if fused else out + b_.to(out.dtype)
                     else:
                         words = _decode_words(a_, w_, a_fmt, w_fmt)
                         out = dense_bf16(cfg, a_, words, ws_, b_, w_swz, w_special=sp.w)
