@@ -37,6 +37,8 @@ from qlower.lowerings.kernels.cutlass.configs import MXFP4_CONFIGS, W8A16_CONFIG
 CUDA_SRC = Path(__file__).resolve().parent.parent / "csrc" / "cuda"
 W8A16_SOURCE = CUDA_SRC / "w8a16_sm90.cu"
 MXFP4_SOURCE = CUDA_SRC / "mxfp4_sm90.cu"
+# Headers of the C++ kernels the AOTInductor shims call (g++, not nvcc): outside the objects' digest.
+SHIM_ONLY_HEADERS = ("cutlass_host.h",)
 MXFP4_OBJECT_PREFIX = (
     "mxfp4_"  # W8A16 objects are named by their configuration alone (the AOTInductor shim links them)
 )
@@ -175,10 +177,12 @@ def compile_command(tc: Toolchain, cfg: Config, out: Path, source: Path = W8A16_
 def _digest(
     tc: Toolchain, configs: tuple[Config, ...], mxfp4_configs: tuple[Config, ...] = MXFP4_CONFIGS
 ) -> str:
-    """Names the build folder: what nvcc reads (the .cu and .h files; not the C++ of the AOTInductor shim
-    beside them), the flags, the configurations and the toolchain."""
+    """Names the build folder: what nvcc reads (the .cu and .h files; not the C++ of the AOTInductor shims
+    beside them, nor their host header), the flags, the configurations and the toolchain."""
     h = hashlib.sha256()
-    for src in sorted(p for p in CUDA_SRC.iterdir() if p.suffix in (".cu", ".h")):
+    for src in sorted(
+        p for p in CUDA_SRC.iterdir() if p.suffix in (".cu", ".h") and p.name not in SHIM_ONLY_HEADERS
+    ):
         h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
     macros = ([c.macros() for c in configs], [c.macros() for c in mxfp4_configs])
     h.update(repr((NVCC_FLAGS, macros, tc.versions)).encode())

@@ -1,4 +1,5 @@
-"""AOTInductor packages that call qlower's CUTLASS W8A16 GEMM (`qlower::woq_int8_cutlass`) through a C shim.
+"""AOTInductor packages that call qlower's CUTLASS W8A16 GEMM (`qlower::woq_int8_cutlass`) and its MXFP4 GEMM
+(`qlower::mxfp4_cutlass`) through C shims (one library for both, linked only into packages calling either).
 
 On any machine: the C++ configuration choice (generated from the tuned tables) equals `configs.choose` at
 every M of a grid, on every tuned GPU and another; the C++ kernel compiles against torch's headers; the shim is

@@ -320,8 +320,8 @@ def _fake_toolchain(tmp_path: Path) -> build.Toolchain:
 
 
 def test_build_folder_ignores_the_aoti_shim_source(tmp_path):
-    """The nvcc objects depend on the .cu and .h files alone: the C++ of the AOTInductor shim beside them
-    (csrc/cuda/woq_int8_cutlass.cpp) is not part of their digest, so a copy that lacks it or edits it
+    """The nvcc objects depend on the .cu and .h files alone: the C++ of the AOTInductor shims beside them
+    (csrc/cuda/woq_int8_cutlass.cpp, mxfp4_cutlass.cpp, their cutlass_host.h) is not part of their digest, so a copy that lacks it or edits it
     finds the same build."""
     tc = _fake_toolchain(tmp_path)
     names = {p.name for p in build.CUDA_SRC.iterdir()}
@@ -331,7 +331,7 @@ def test_build_folder_ignores_the_aoti_shim_source(tmp_path):
 
     def edited(path: Path) -> bytes:
         data = real_read(path)
-        return data + b"// edited" if path.suffix == ".cpp" else data
+        return data + b"// edited" if path.suffix == ".cpp" or path.name in build.SHIM_ONLY_HEADERS else data
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Path, "read_bytes", edited)

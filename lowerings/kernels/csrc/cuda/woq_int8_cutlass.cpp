@@ -1,5 +1,5 @@
-// qlower::woq_int8_cutlass in C++: the kernel the op's AOTInductor C shim calls, compiled with the shim into a
-// library of its own together with w8a16_sm90.cu's objects, so a package runs the GEMM from its own wrapper
+// qlower::woq_int8_cutlass in C++: the kernel the op's AOTInductor C shim calls, compiled with the shim into the
+// CUDA CUTLASS shim library together with the library's objects, so a package runs the GEMM from its own wrapper
 // (lowerings/aoti/build.py, `separate_shim_library`). Python processes run the op through
 // lowerings/kernels/cutlass/w8a16.py; both do the same per call: the operand checks, the copies into the
 // kernel's layout, the configuration of the tuned table (qlower_cutlass_choices.h, generated from
