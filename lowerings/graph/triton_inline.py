@@ -16,10 +16,14 @@ wrapper: Inductor lowers a subgraph once per get_attr target (`GraphLowering.see
 once as a function that every `if` calls, so a decoder's linears of one shape cost one lowering and one
 codegen per M range, not one per linear (`tests/lowerings/emit/test_trace_reuse.py`). A C++ wrapper
 (AOTInductor, `cpp_wrapper`) inlines each call of a subgraph; there each copy keeps branch graphs of its own.
+
+A trace adds no guard on a symbolic M (`unguarded_gated_sizes`): a guard there would make Dynamo compile the
+graph again at the next batch size (tests/lowerings/emit/test_no_guards_on_m.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -33,6 +37,20 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from qlower.lowerings.graph import triton_access_cache
 from qlower.lowerings.graph.builder import EMITTED_BRANCH, Emitter
 from qlower.patterns.graph_utils import graph_memo
+
+
+def unguarded_gated_sizes() -> contextlib.AbstractContextManager:
+    """The tracing context of qlower's kernel launches: a symbolic M's gated launch sizes its scratch (and a
+    gated dense GEMM its K) by M * gate, where the gate is 0 or 1 by M's range (`launch_args.m_range_gate`).
+    Tracing such a size asks whether it is below 2 (make_fx's constant tracking) or 0 or 1 (contiguity), none
+    of which M's range decides, so each would become a guard on M, and Dynamo would recompile the graph at the
+    next range's batch size. Size-oblivious answers (as for a size of at least 2, true of every running range)
+    need no guard; they only shape metadata, since a gated-off launch computes nothing."""
+    from torch.fx.experimental import _config as fx_config
+
+    if not hasattr(fx_config, "backed_size_oblivious"):
+        return contextlib.nullcontext()
+    return fx_config.patch(backed_size_oblivious=True)
 
 
 def emit_traced(
@@ -52,7 +70,7 @@ def emit_traced(
     sub = cache.get(full_key) if full_key is not None else None
     reused = sub is not None
     if sub is None:
-        with fake_mode:
+        with fake_mode, unguarded_gated_sizes():
             # Inductor's decompositions too: the post-grad graph must not hold ops it only decomposes (an
             # `aten.zeros` there fails its lowering with "both a fallback and a decomp")
             sub = make_fx(
@@ -159,7 +177,7 @@ def _refresh_fakes(graph: fx.Graph, nodes: Sequence[fx.Node], fake_mode: Any) ->
             return getattr(gm, a.target)
         return a.meta["val"]
 
-    with fake_mode:
+    with fake_mode, unguarded_gated_sizes():
         for node in nodes:
             if node.op != "call_function":
                 continue

@@ -599,10 +599,11 @@ def _decode_or_current(
     # Every dequantize + cuBLAS bucket (N <= K: M 65-128 and above 128) shares one dense output, gated on where
     # M is in any of them: their gates are 0/1 over disjoint ranges, so their sum is too. (Only the first
     # bucket's gate once reached it: M > 128 got all zeros under CUDA graphs on sm_90; the configs differ
-    # in the dequantize tile at most, and every tile computes the same bf16 weight.)
+    # in the dequantize tile at most, and every tile computes the same bf16 weight.) The sum is capped at 1,
+    # which it never exceeds, so that M's range proves the gated K within K (no guard on M).
     base = [p for p in plan if p[0] is not None and p[0].kernel in DENSE_KERNELS]
     out = (
-        dense(base[0][0], sum(p[2] for p in base))
+        dense(base[0][0], torch.sym_min(1, sum(p[2] for p in base)) if len(base) > 1 else base[0][2])
         if base
         else torch.empty((m, w.shape[0]), dtype=out_dtype, device=w.device)
     )
