@@ -3,7 +3,7 @@
     python scripts/bench_hf.py --small                  # CPU: a small Llama config, torchao woq-int8, dynamic cache
     python scripts/bench_hf.py --device cuda            # GPU: Llama-3-8B dims, 4 layers, vocab 128256
         [--archs llama,qwen2] [--families woq_int8,dynamic_int8] [--caches dynamic,static] [--batch 1]
-        [--new-tokens 32] [--out DIR]
+        [--new-tokens 32] [--guards all|skip-nn-modules] [--out DIR]
 
 Models are built from configs (random weights, nothing downloaded), quantized with torchao's `quantize_`
 (`Int8WeightOnlyConfig`, `Int8DynamicActivationInt8WeightConfig`). Three flows per row, in one process:
@@ -101,7 +101,13 @@ def options(flow: str, device: str) -> dict[str, Any] | None:
     return qlower.inductor_options(mode="reduce-overhead") if device == "cuda" else qlower.inductor_options()
 
 
-def prepare(model: torch.nn.Module, flow: str, cache: str, device: str) -> torch.nn.Module:
+# --guards: Dynamo's guard filter for every flow (docs/hf-generate.md, "The guards on torchao weights")
+GUARD_FILTERS = {"all": None, "skip-nn-modules": "skip_guard_on_all_nn_modules_unsafe"}
+
+
+def prepare(
+    model: torch.nn.Module, flow: str, cache: str, device: str, guards: str = "all"
+) -> torch.nn.Module:
     """The flow's compiled copy, set up as docs/hf-generate.md's recipe for `cache` says."""
     import transformers
 
@@ -111,9 +117,16 @@ def prepare(model: torch.nn.Module, flow: str, cache: str, device: str) -> torch
 
         model = unwrap_tensor_subclass(model)
     opts = options(flow, device)
+    if GUARD_FILTERS[guards] is not None:
+        base = (
+            opts
+            if opts is not None
+            else ({"triton.cudagraphs": True} if cache == "static" and device == "cuda" else {})
+        )
+        opts = {**base, "guard_filter_fn": getattr(torch.compiler, GUARD_FILTERS[guards])}
     if cache == "static":
         model.generation_config.cache_implementation = "static"
-        # torch.compile takes a mode or options, not both: qlower's options carry the mode's settings
+        # torch.compile takes a mode or options, not both: options carry the mode's settings (CUDA graphs)
         mode = "reduce-overhead" if device == "cuda" and opts is None else None
         model.generation_config.compile_config = transformers.CompileConfig(mode=mode, options=opts)
     else:
@@ -146,11 +159,13 @@ def leading_equal(got: torch.Tensor, want: torch.Tensor) -> int:
     return int(same.cumprod(0).sum())
 
 
-def run_flow(model, flow, cache, device, ids, tokens, eager_tokens) -> tuple[float, float, float | None, int]:
+def run_flow(
+    model, flow, cache, device, ids, tokens, eager_tokens, guards: str = "all"
+) -> tuple[float, float, float | None, int]:
     torch._dynamo.reset()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    compiled = prepare(model, flow, cache, device)
+    compiled = prepare(model, flow, cache, device, guards)
     with torch.no_grad():
         first = seconds(
             lambda: greedy(compiled, ids, tokens), device
@@ -184,7 +199,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
                     model, want = (base, bf16_tokens) if flow == "bf16" else (quantized, eager_tokens)
                     qlower.clear_reports()
                     ms, first, peak, equal = run_flow(
-                        model, flow, cache, args.device, ids, args.new_tokens, want
+                        model, flow, cache, args.device, ids, args.new_tokens, want, args.guards
                     )
                     entries = [d for r in qlower.all_reports() for d in r]
                     lowered = (
@@ -226,6 +241,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--flows", default=",".join(FLOWS), type=lambda s: s.split(","), help=f"of {FLOWS + EXTRA_FLOWS}"
     )
+    p.add_argument(
+        "--guards", default="all", choices=sorted(GUARD_FILTERS), help="Dynamo's guard filter, every flow"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         "prompt": args.prompt,
         "new_tokens": args.new_tokens,
         "dims": TINY if args.tiny else SMALL if args.small else FULL,
+        "guards": args.guards,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
