@@ -524,3 +524,30 @@ def test_symbolic_m_trace_gates_the_dense_op_over_the_cutlass_buckets(built, mon
     expr = dense.args[8].meta["val"].node.expr  # the gate as a function of M
     for mv, on in ((lo - 1, 0), (lo, 1), (hi, 1), (hi + 1, 1), (5000, 1)):
         assert int(expr.subs({s: mv for s in expr.free_symbols})) == on, (mv, expr)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fuzz_split_at_keeps_a_partition_with_the_edges(seed):
+    """`split_at` on random contiguous M ranges (the last open) and edges: the result still covers M = 1 upwards
+    with no gap or overlap, each edge in range ends a range, and every range lies inside one original range."""
+    import random
+
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+
+    rng = random.Random(seed)
+    ends = sorted(rng.sample(range(1, 600), rng.randint(0, 6)))
+    ranges = tuple(zip([1, *(e + 1 for e in ends)], [*ends, None], strict=True))
+    edges = tuple(rng.randint(1, 700) for _ in range(rng.randint(1, 3)))
+    out = mx_ops.split_at(ranges, edges)
+    assert out[0][0] == 1 and out[-1][1] is None
+    for (_, hi), (lo, _) in zip(out, out[1:], strict=False):
+        assert lo == hi + 1, out
+    assert all(hi is None or lo <= hi for lo, hi in out), out
+    his = {hi for _, hi in out}
+    assert all(e in his for e in edges), (edges, out)
+    for lo, hi in out:
+        assert any(a <= lo and (b is None or (hi is not None and hi <= b)) for a, b in ranges), (
+            lo,
+            hi,
+            ranges,
+        )
