@@ -330,6 +330,23 @@ def _bound(x: torch.Tensor, model: torch.nn.Module) -> tuple[torch.Tensor, torch
     return ref, mag * (eps + x.shape[1] * 2.0**-23) + 1e-30
 
 
+def _run_without_qlower(
+    moved, lowering: str, shim: str, tmp_path: Path
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The package's one linear took `lowering` and calls `shim` (never the proxy executor, no qlower file
+    linked): its inputs and outputs, run in a fresh process where qlower cannot be imported."""
+    (row,) = moved.report.lowered
+    assert row.lowering == lowering, moved.report.table()
+    assert f"{shim}(" in moved.wrapper
+    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
+    assert "qlower" not in elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    outs = run_fresh(moved, run_script("qlower_blocked"), run_dir)
+    xs = torch.load(moved.folder / "io.pt")["x"]
+    return list(zip(xs, outs, strict=True))
+
+
 @pytest.mark.gpu
 @needs_cuda_package_load
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static_m", "dim_batch"])
@@ -349,16 +366,7 @@ def test_package_calls_the_cutlass_shim_and_runs_without_qlower(dynamic, tmp_pat
     moved = export_and_move(
         model, torch.randn(m, K_GPU, dtype=torch.bfloat16, device="cuda"), root, dynamic=dynamic
     )
-    (row,) = moved.report.lowered
-    assert row.lowering == LOWERING, moved.report.table()
-    assert "aoti_torch_cuda_woq_int8_cutlass(" in moved.wrapper
-    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
-    assert "qlower" not in elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    outs = run_fresh(moved, run_script("qlower_blocked"), run_dir)
-    xs = torch.load(moved.folder / "io.pt")["x"]
-    for x, got in zip(xs, outs, strict=True):
+    for x, got in _run_without_qlower(moved, LOWERING, "aoti_torch_cuda_woq_int8_cutlass", tmp_path):
         ref, bound = _bound(x, model)
         err = (got.double() - ref).abs()
         assert got.shape == ref.shape and bool((err <= bound).all()), (x.shape[0], float((err - bound).max()))
@@ -403,17 +411,10 @@ def test_package_calls_the_mxfp4_shim_and_runs_without_qlower(dynamic, tmp_path,
     root.mkdir()
     x = torch.randn(lo if not dynamic else 300, K_GPU, dtype=torch.bfloat16, device="cuda")
     moved = export_and_move(model, x, root, dynamic=dynamic, sizes=(1, lo, hi, hi + 1))
-    (row,) = moved.report.lowered
-    assert row.lowering == "cutlass.mxfp4_weight_only", moved.report.table()
-    assert "aoti_torch_cuda_mxfp4_cutlass(" in moved.wrapper
-    assert "aoti_torch_proxy_executor_call_function" not in moved.wrapper
-    assert "qlower" not in elf(["readelf", "-d"], wrapper_library(moved, tmp_path))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    outs = run_fresh(moved, run_script("qlower_blocked"), run_dir)
-    xs = torch.load(moved.folder / "io.pt")["x"]
     wd = fmt.dequantize_f64(model.q, model.e, "e2m1").to(torch.bfloat16).double()
-    for x, got in zip(xs, outs, strict=True):
+    for x, got in _run_without_qlower(
+        moved, "cutlass.mxfp4_weight_only", "aoti_torch_cuda_mxfp4_cutlass", tmp_path
+    ):
         ref = x.double() @ wd.t() + model.bias.double()
         mag = x.double().abs() @ wd.abs().t() + model.bias.double().abs()
         bound = mag * (2.0**-7 + K_GPU * 2.0**-23) + 1e-30

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "w8a16_sm90.h"
@@ -113,6 +114,31 @@ inline at::Tensor aligned_vector(const at::Tensor& t) {
   at::Tensor v = t.reshape({-1});
   const bool ok = v.is_contiguous() && reinterpret_cast<std::uintptr_t>(v.data_ptr()) % 16 == 0;
   return ok ? v : v.clone();
+}
+
+// The fields both libraries' argument structs share (QlowerW8A16Args, QlowerMxfp4Args), for the GEMM
+// out[M, N] = x[M, K] @ w.T on `device`'s current stream with `splits` (stream-K split count, 0: CUTLASS's own);
+// the caller fills the rest (the scales, the dtype).
+template <typename Args>
+void fill_common(Args& args, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                 const at::Tensor& out, int64_t n, int64_t k, int32_t splits, int device, int sm_count,
+                 const char* op) {
+  args.x = x.data_ptr();
+  args.w = w.data_ptr();
+  args.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  args.out = out.data_ptr();
+  args.workspace = nullptr;
+  args.stream = current_stream(device, op);
+  args.m = x.size(0);
+  args.n = n;
+  args.k = k;
+  args.ldx = x.stride(0);
+  args.ldw = w.stride(0);
+  args.ldout = out.stride(0);
+  args.workspace_bytes = 0;
+  args.splits = splits;
+  args.device = device;
+  args.sm_count = sm_count;
 }
 
 // w8a16.py's run_entry: run `entry` on `args`; when it asks for a workspace, allocate one on `like`'s device

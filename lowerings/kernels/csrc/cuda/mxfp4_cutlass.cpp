@@ -58,23 +58,8 @@ at::Tensor mxfp4_cutlass(const at::Tensor& x, const at::Tensor& w, const at::Ten
   const qlower_cutlass_mxfp4::Choice choice = qlower_cutlass_mxfp4::choose(m, n, k);
 
   QlowerMxfp4Args args{};
-  args.x = xr.data_ptr();
-  args.w = wr.data_ptr();
+  fill_common(args, xr, wr, b, out, n, k, choice.splits, device, facts.sm_count, op);
   args.scales = sc.data_ptr();
-  args.bias = b.has_value() ? b->data_ptr() : nullptr;
-  args.out = out.data_ptr();
-  args.workspace = nullptr;
-  args.stream = current_stream(device, op);
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.ldx = xr.stride(0);
-  args.ldw = wr.stride(0);
-  args.ldout = out.stride(0);
-  args.workspace_bytes = 0;
-  args.splits = choice.splits;
-  args.device = device;
-  args.sm_count = facts.sm_count;
 
   const int status = run_with_workspace(qlower_cutlass_mxfp4::entry(choice.config), &args, x);
   TORCH_CHECK(status == QLOWER_W8A16_OK, op, status_text(status), " (configuration ",

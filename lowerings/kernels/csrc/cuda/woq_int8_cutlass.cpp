@@ -56,28 +56,12 @@ at::Tensor woq_int8_cutlass(const at::Tensor& x, const at::Tensor& w, const at::
   const int device = x.get_device();
   const DeviceFacts& facts = device_facts(device);
   const qlower_cutlass::Choice choice = qlower_cutlass::choose(facts.name.c_str(), m, n, k);
-  void* stream = current_stream(device, op);
 
   QlowerW8A16Args args{};
-  args.x = xr.data_ptr();
-  args.w = wr.data_ptr();
+  fill_common(args, xr, wr, b, out, n, k, choice.splits, device, facts.sm_count, op);
   args.scale = s.data_ptr();
-  args.bias = b.has_value() ? b->data_ptr() : nullptr;
-  args.out = out.data_ptr();
-  args.workspace = nullptr;
-  args.stream = stream;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.ldx = xr.stride(0);
-  args.ldw = wr.stride(0);
-  args.ldout = out.stride(0);
-  args.workspace_bytes = 0;
   args.dtype = x.scalar_type() == at::kBFloat16 ? QLOWER_W8A16_BF16 : QLOWER_W8A16_FP16;
   args.scale_per_channel = scale.numel() != 1;
-  args.splits = choice.splits;
-  args.device = device;
-  args.sm_count = facts.sm_count;
 
   const qlower_cutlass::Entry entry = qlower_cutlass::kEntries[choice.config];
   const int status = run_with_workspace(entry, &args, x);
