@@ -27,7 +27,6 @@ from qlower.lowerings.devices import crossovers
 from qlower.lowerings.devices.capability import cuda_capability, describe_capability
 from qlower.lowerings.devices.common import spec_layout_blocker, weight_scale_range_blocker
 from qlower.lowerings.devices.crossovers import CUTLASS_W8A16_M_RANGE
-from qlower.lowerings.emit.common import host_branches
 from qlower.lowerings.emit.cutlass import emit_mxfp4_cutlass, emit_woq_int8_cutlass
 from qlower.lowerings.kernels.cutlass.configs import (
     K_MULTIPLE,
@@ -38,6 +37,7 @@ from qlower.lowerings.kernels.cutlass.configs import (
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering
 from qlower.lowerings.scale_facts import scale_after_kernel
+from qlower.lowerings.symbolic_m import host_branches
 from qlower.patterns.graph_utils import is_static, tensor_val
 from qlower.patterns.record import QuantLinear
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
 import torch
 from torch import fx
 
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.scale_facts import product_dtype
-from qlower.patterns.graph_utils import aten, is_static, tensor_val
+from qlower.patterns.graph_utils import aten, tensor_val
 from qlower.patterns.record import QuantLinear
 
 
@@ -94,18 +93,3 @@ def finish(em: Emitter, rec: QuantLinear, core: fx.Node) -> fx.Node:
     if rec.out_shape is not None:
         out = em.reshape(out, rec.out_shape)
     return out
-
-
-def host_branches(rec: QuantLinear) -> bool:
-    """Whether a symbolic M picks its kernel with a host `if` (`torch.cond`: one launch per call) rather than
-    gated grids (one launch per M range, all but one empty). Inductor refuses CUDA graphs for a graph holding
-    a `torch.cond` on CUDA tensors, so under CUDA graphs (`triton.cudagraphs`, which mode="reduce-overhead"
-    sets) the gated form stays: a captured graph replays only the launch that ran. So does an M that is not
-    one size symbol (a flattened [B, T, K] activation: M = B * T): a branch graph sees only its operands,
-    whose sizes then do not define B and T (Inductor: "For 3*s77, expected [s77] to have been codegen-ed";
-    tests/end_to_end/test_epilogue_forms.py's dynamic CUDA forms on sm_90)."""
-    from torch._inductor import config as inductor_config
-
-    if is_static(rec.m) or inductor_config.triton.cudagraphs:
-        return False
-    return isinstance(rec.m, torch.SymInt) and isinstance(rec.m.node.expr, sympy.Symbol)

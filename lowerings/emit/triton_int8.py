@@ -9,10 +9,11 @@ import dataclasses
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import finish, host_branches, scale_epilogue
+from qlower.lowerings.emit.common import finish, scale_epilogue
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.scale_facts import scale_after_kernel
+from qlower.lowerings.symbolic_m import host_branches
 from qlower.patterns.graph_utils import is_static, known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 

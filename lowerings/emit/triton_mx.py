@@ -10,10 +10,11 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import finish, host_branches
+from qlower.lowerings.emit.common import finish
 from qlower.lowerings.emit.mx import as_u8_view, block_scale_bits, scale_codes
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
+from qlower.lowerings.symbolic_m import host_branches
 from qlower.patterns.graph_utils import known_eq, tensor_val
 from qlower.patterns.record import QuantLinear
 

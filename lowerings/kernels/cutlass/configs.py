@@ -62,7 +62,7 @@ BY_NAME = {c.name: c for c in W8A16_CONFIGS}
 
 # The MXFP4 weight-only GEMM's configurations (csrc/cuda/mxfp4_sm90.cu, K tile 128: 64 bytes of e2m1 per row),
 # each an object of the same library with entry point `qlower_mxfp4_sm90_<name>`; chosen per M by
-# `mxfp4.choose`.
+# `choose_mxfp4`.
 MXFP4_CONFIGS: tuple[Config, ...] = (
     Config(128, 64),
     Config(128, 128),
@@ -139,3 +139,33 @@ def choose(m: int, n: int, k: int, device: str | int = 0) -> Choice:
                 return choice
         return ranges[-1][1]
     return default_choice(m, n, k)
+
+
+@dataclass(frozen=True)
+class Mxfp4Rule:
+    """The constants of `choose_mxfp4` (also generated into the C shim's C++, `cpp_sources.mxfp4_header`)."""
+
+    small_m: int = 64  # 64-token tiles up to this M, 128 above
+    sms: int = 132  # output tiles below this count take stream-K (the H100/H200's multiprocessors)
+    k_over_n: int = 2  # split-K only where K >= k_over_n * N
+    split4_max_m: int = 128
+    split2_max_m: int = 256
+
+
+MXFP4_RULE = Mxfp4Rule()
+
+
+def choose_mxfp4(m: int, n: int, k: int, rule: Mxfp4Rule = MXFP4_RULE) -> Choice:
+    """The configuration for M (static or per call) and the weight's shape, from the sweep of
+    `scripts/tune_cutlass.py --family mxfp4` on the H100 (BENCHMARKS.md, "CUTLASS MXFP4"): 64-token tiles up
+    to M = 64, 128 above; where the output tiles cannot fill the GPU's 132 multiprocessors, stream-K, split
+    in four (M <= 128) or two (M <= 256) where K is at least twice N (4096x14336: 36.4 / 46.3 / 69.7 us at
+    M = 64 / 128 / 256 against the heuristic's 40.8 / 48.5 / 73.0)."""
+    tokens_tile = 64 if m <= rule.small_m else 128
+    tiles = -(-n // 128) * -(-m // tokens_tile)
+    if tiles >= rule.sms:
+        return Choice(Config(128, tokens_tile).name)
+    splits = 0
+    if k >= rule.k_over_n * n:
+        splits = 4 if m <= rule.split4_max_m else 2 if m <= rule.split2_max_m else 0
+    return Choice(Config(128, tokens_tile, stream_k=True).name, splits)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
 
 import torch
 
@@ -73,34 +72,9 @@ def reference(
     return out.to(torch.bfloat16)
 
 
-@dataclass(frozen=True)
-class ChoiceRule:
-    """The constants of `choose` (also generated into the C shim's C++, `cpp_sources.mxfp4_header`)."""
-
-    small_m: int = 64  # 64-token tiles up to this M, 128 above
-    sms: int = 132  # output tiles below this count take stream-K (the H100/H200's multiprocessors)
-    k_over_n: int = 2  # split-K only where K >= k_over_n * N
-    split4_max_m: int = 128
-    split2_max_m: int = 256
-
-
-CHOICE_RULE = ChoiceRule()
-
-
-def choose(m: int, n: int, k: int, rule: ChoiceRule = CHOICE_RULE) -> configs.Choice:
-    """The configuration for M (static or per call) and the weight's shape, from the sweep of
-    `scripts/tune_cutlass.py --family mxfp4` on the H100 (BENCHMARKS.md, "CUTLASS MXFP4"): 64-token tiles up
-    to M = 64, 128 above; where the output tiles cannot fill the GPU's 132 multiprocessors, stream-K, split
-    in four (M <= 128) or two (M <= 256) where K is at least twice N (4096x14336: 36.4 / 46.3 / 69.7 us at
-    M = 64 / 128 / 256 against the heuristic's 40.8 / 48.5 / 73.0)."""
-    tokens_tile = 64 if m <= rule.small_m else 128
-    tiles = -(-n // 128) * -(-m // tokens_tile)
-    if tiles >= rule.sms:
-        return configs.Choice(configs.Config(128, tokens_tile).name)
-    splits = 0
-    if k >= rule.k_over_n * n:
-        splits = 4 if m <= rule.split4_max_m else 2 if m <= rule.split2_max_m else 0
-    return configs.Choice(configs.Config(128, tokens_tile, stream_k=True).name, splits)
+# The configuration for M and the weight's shape (configs.py holds the rule, which the C shim's C++ is generated
+# from without importing this module).
+choose = configs.choose_mxfp4
 
 
 def operand_blocker(

@@ -94,9 +94,14 @@ def _symbolic_graph(
 
 @pytest.fixture
 def sm90(monkeypatch):
-    """Fake sm_90 device facts for the kernels' launch rules (capability, multiprocessors, name)."""
+    """Fake sm_90 device facts for the kernels' launch rules (capability, multiprocessors, name); the caches
+    that hold device facts are emptied before and after, so no other test sees the fake GPU."""
+    from qlower.lowerings.kernels.cutlass import configs, w8a16
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
+    cached = (configs.device_name, w8a16.sm_count)
+    for fn in cached:
+        fn.cache_clear()
     props = types.SimpleNamespace(multi_processor_count=132, name="NVIDIA H100 80GB HBM3", major=9, minor=0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
@@ -104,6 +109,9 @@ def sm90(monkeypatch):
     monkeypatch.setattr(
         mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: w_fmt == mx_ops.E2M1 and x_dtype == BF16
     )
+    yield
+    for fn in cached:
+        fn.cache_clear()
 
 
 def _check(
