@@ -35,3 +35,21 @@ def test_tiny_generate_rows_for_every_flow(tmp_path: Path) -> None:
     assert total > 0 and done == total, rows["qlower"]  # every linear of the prefill and decode graphs
     table = (tmp_path / "hf_cpu.md").read_text()
     assert "| llama | woq_int8 | dynamic | qlower |" in table, table
+
+
+@pytest.mark.parametrize("flow", ["bf16", "qlower"])
+def test_guard_filter_reaches_every_flows_compile(flow: str) -> None:
+    """`--guards skip-nn-modules` hands torch's filter to the flow's compile, bf16's included (the static cache's
+    CompileConfig keeps its CUDA graphs setting on CUDA); the default leaves the options as they were."""
+    import torch
+
+    from scripts import bench_hf
+
+    model = bench_hf.build("llama", bench_hf.TINY, "cpu")
+    filtered = bench_hf.prepare(model, flow, "static", "cpu", guards="skip-nn-modules")
+    options = filtered.generation_config.compile_config.options
+    assert options["guard_filter_fn"] is torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    if flow == "qlower":
+        assert options["joint_custom_pre_pass"] is not None  # qlower's options kept
+    default = bench_hf.prepare(model, flow, "static", "cpu")
+    assert "guard_filter_fn" not in (default.generation_config.compile_config.options or {})
