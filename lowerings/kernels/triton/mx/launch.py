@@ -169,8 +169,6 @@ def mxfp4_dense(
     compiler, so the choice is made on the M each call (or CUDA graph recording) has; `gate` 0 (M outside the
     buckets, a 0/1 SymInt at trace time) only fills the output with the bias (or zeros) for the tile kernels
     to overwrite."""
-    from qlower.lowerings.kernels.cutlass import mxfp4
-
     m, n = x.shape[0], w.shape[0]
     if gate == 0 or m == 0:
         out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
@@ -179,8 +177,18 @@ def mxfp4_dense(
         return dense_bf16(
             BF16_DENSE, x, as_words(w), codes, bias, codes_swizzled, direct=True, w_special=special
         )
+    return cutlass_gemm(x, w, blocks, bias)
+
+
+def cutlass_gemm(
+    x: torch.Tensor, w: torch.Tensor, blocks: torch.Tensor, bias: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """qlower's CUTLASS MXFP4 GEMM (`qlower::mxfp4_cutlass`) with the bias in its epilogue where it is bf16, else
+    added after in its own dtype's promotion: for `mxfp4_dense` and the host branch's leaves (`ops._branch_on_m`)."""
+    from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers qlower::mxfp4_cutlass)
+
     fused = bias is None or bias.dtype == torch.bfloat16
-    out = mxfp4.mxfp4_cutlass(x, w, blocks, bias if fused else None)
+    out = torch.ops.qlower.mxfp4_cutlass(x, w, blocks, bias if fused else None)
     return out if fused else out + bias.to(out.dtype)
 
 

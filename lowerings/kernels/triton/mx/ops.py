@@ -37,7 +37,7 @@ from qlower.lowerings.kernels.triton.mx.kernels import (
     mx_gemv_kernel,
     mx_mm_kernel,
 )
-from qlower.lowerings.kernels.triton.mx.launch import BF16_DENSE, dense_bf16, launch_decode
+from qlower.lowerings.kernels.triton.mx.launch import BF16_DENSE, cutlass_gemm, dense_bf16, launch_decode
 from qlower.lowerings.kernels.triton.tuned import STAND_IN, TunedTable
 
 ELEM_CODE = {"float": FLOAT, "e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
@@ -497,11 +497,7 @@ def _branch_on_m(
 
                 def dense(a_, as_, w_, ws_, b_, bl_=None, cfg=cfg) -> torch.Tensor:
                     if cfg.kernel == "cutlass":  # a leaf inside the GEMM's M range: the op itself
-                        from qlower.lowerings.kernels.cutlass import mxfp4  # noqa: F401  (registers the op)
-
-                        fused = b_ is None or b_.dtype == torch.bfloat16
-                        out = torch.ops.qlower.mxfp4_cutlass(a_, w_, bl_, b_ if fused else None)
-                        out = out if fused else out + b_.to(out.dtype)
+                        out = cutlass_gemm(a_, w_, bl_, b_)
                     else:
                         words = _decode_words(a_, w_, a_fmt, w_fmt)
                         out = dense_bf16(cfg, a_, words, ws_, b_, w_swz, w_special=sp.w)
