@@ -3,7 +3,7 @@
     python scripts/bench_hf.py --small                  # CPU: a small Llama config, torchao woq-int8, dynamic cache
     python scripts/bench_hf.py --device cuda            # GPU: Llama-3-8B dims, 4 layers, vocab 128256
         [--archs llama,qwen2] [--families woq_int8,dynamic_int8] [--caches dynamic,static] [--batch 1]
-        [--new-tokens 32] [--guards all|skip-nn-modules] [--out DIR]
+        [--new-tokens 32] [--guards all|skip-nn-modules] [--layers 32] [--out DIR]
 
 Models are built from configs (random weights, nothing downloaded), quantized with torchao's `quantize_`
 (`Int8WeightOnlyConfig`, `Int8DynamicActivationInt8WeightConfig`). Three flows per row, in one process:
@@ -182,7 +182,7 @@ def run_flow(
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
-    dims = TINY if args.tiny else SMALL if args.small else FULL
+    dims = model_dims(args)
     rows: list[Row] = []
     for arch in args.archs:
         torch.manual_seed(0)
@@ -230,6 +230,12 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_dims(args: argparse.Namespace) -> dict[str, int]:
+    """The config's dimensions, with `--layers` decoder layers where given (a 32-layer model: Llama-3-8B's)."""
+    dims = TINY if args.tiny else SMALL if args.small else FULL
+    return dims if args.layers is None else {**dims, "num_hidden_layers": args.layers}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -248,6 +254,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the config's)")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
     args.small = args.small or args.device == "cpu"
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch": args.batch,
         "prompt": args.prompt,
         "new_tokens": args.new_tokens,
-        "dims": TINY if args.tiny else SMALL if args.small else FULL,
+        "dims": model_dims(args),
         "guards": args.guards,
     }
     args.out.mkdir(parents=True, exist_ok=True)

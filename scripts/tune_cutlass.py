@@ -1,5 +1,6 @@
-"""Time every configuration of qlower's CUTLASS W8A16 GEMM per weight shape and M, beside cuBLAS bf16 and
-qlower's dequant + cuBLAS, and write this GPU's tuned table (lowerings/kernels/cutlass/tuned/<gpu>.json).
+"""Time every configuration of qlower's CUTLASS W8A16 GEMM per weight shape and M, beside cuBLAS bf16, qlower's
+dequant + cuBLAS and its Triton op (`qlower::woq_int8_linear` at a static M, what AUTO runs below the GEMM's M
+range), and write this GPU's tuned table (lowerings/kernels/cutlass/tuned/<gpu>.json).
 
     python -m scripts.tune_cutlass --out lowerings/kernels/cutlass/tuned/h200.json    # on an H200
     python -m scripts.tune_cutlass --out lowerings/kernels/cutlass/tuned/h100.json    # on an H100
@@ -29,7 +30,7 @@ import torch
 from qlower.lowerings.kernels.cutlass import build as cutlass_build
 from qlower.lowerings.kernels.cutlass import configs as cutlass_configs
 from qlower.lowerings.kernels.cutlass import mxfp4, w8a16
-from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # dequant + cuBLAS
+from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # dequant + cuBLAS; registers the op
 from scripts.common.cuda_timing import gpu_time_us
 
 SETS = 8
@@ -66,6 +67,8 @@ def measure(m: int, n: int, k: int) -> dict:
     row["dequant_us"] = gpu_time_us(
         [lambda i=i: dequant_mm(x, p["w"][i], p["s"][i], None, x.dtype) for i in range(SETS)]
     )
+    woq = torch.ops.qlower.woq_int8_linear
+    row["triton_us"] = gpu_time_us([lambda i=i: woq(x, p["w"][i], p["s"][i], None) for i in range(SETS)])
     row["configs"] = {}
     for c in choices():
         err = rel_err(p, c)
@@ -137,16 +140,27 @@ def measure_mxfp4(m: int, n: int, k: int) -> dict:
     return row
 
 
-def tuned_table(rows: list[dict], out: Path) -> dict:
-    shapes: dict[tuple[int, int], list] = {}
-    for r in sorted(rows, key=lambda r: r["m"]):
+def tuned_table(rows: list[dict], out: Path, merge: bool = False) -> dict:
+    """The table of `rows`' fastest configurations; with `merge`, added to the table already at `out` (a
+    measured (N, K, M) replaces its row there; the others stay)."""
+    by_m: dict[tuple[int, int], dict[int, dict]] = {}
+    argv = sys.argv[1:]
+    if "--raw" in argv:  # where the raw timings went is no part of how the table is made
+        i = argv.index("--raw")
+        argv = argv[:i] + argv[i + 2 :]
+    command = " ".join(["python -m scripts.tune_cutlass", *argv])
+    if merge and out.exists():
+        old = json.loads(out.read_text())
+        command = f"{old['command']} && {command}"
+        for entry in old["shapes"]:
+            by_m[(entry["n"], entry["k"])] = {r["max_m"]: r for r in entry["ranges"]}
+    for r in rows:
         name, splits = r["best"].split("/")
-        shapes.setdefault((r["n"], r["k"]), []).append(
-            {"max_m": r["m"], "config": name, "splits": int(splits)}
-        )
+        by_m.setdefault((r["n"], r["k"]), {})[r["m"]] = {"max_m": r["m"], "config": name, "splits": int(splits)}
+    shapes = {key: [ranges[m] for m in sorted(ranges)] for key, ranges in by_m.items()}
     return {
         "device": torch.cuda.get_device_name(),
-        "command": f"python scripts/tune_cutlass.py --out lowerings/kernels/cutlass/tuned/{out.name}",
+        "command": command,
         "shapes": [{"n": n, "k": k, "ranges": ranges} for (n, k), ranges in shapes.items()],
     }
 
@@ -156,6 +170,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="14336x4096,4096x14336", help="NxK weight shapes")
     ap.add_argument("--ms", default="128,256,512,1024,2048,4096,8192")
     ap.add_argument("--out", type=Path, help="write the tuned table here")
+    ap.add_argument("--merge", action="store_true", help="add the rows to the table at --out, not replace it")
     ap.add_argument("--raw", type=Path, help="write every timing here (JSON)")
     ap.add_argument("--family", choices=("w8a16", "mxfp4"), default="w8a16")
     args = ap.parse_args()
@@ -187,7 +202,8 @@ def main() -> None:
             rows.append(r)
             print(
                 f"N={n} K={k} M={m}: bf16 {r['bf16_us']:.1f} us, dequant+cuBLAS {r['dequant_us']:.1f} "
-                f"({r['bf16_us'] / r['dequant_us']:.2f}x), cutlass {r['best']} {r['best_us']:.1f} "
+                f"({r['bf16_us'] / r['dequant_us']:.2f}x), triton {r['triton_us']:.1f} "
+                f"({r['bf16_us'] / r['triton_us']:.2f}x), cutlass {r['best']} {r['best_us']:.1f} "
                 f"({r['bf16_us'] / r['best_us']:.2f}x)",
                 flush=True,
             )
@@ -195,7 +211,7 @@ def main() -> None:
         args.raw.write_text(json.dumps(rows, indent=1))
     if args.out and args.family == "w8a16":
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(tuned_table(rows, args.out), indent=1) + "\n")
+        args.out.write_text(json.dumps(tuned_table(rows, args.out, args.merge), indent=1) + "\n")
 
 
 if __name__ == "__main__":

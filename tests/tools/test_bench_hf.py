@@ -53,3 +53,14 @@ def test_guard_filter_reaches_every_flows_compile(flow: str) -> None:
         assert options["joint_custom_pre_pass"] is not None  # qlower's options kept
     default = bench_hf.prepare(model, flow, "static", "cpu")
     assert "guard_filter_fn" not in (default.generation_config.compile_config.options or {})
+
+
+def test_layers_override_the_configs_depth_only() -> None:
+    """`--layers 32` builds Llama-3-8B's depth from the GPU config; every other dimension stays the config's."""
+    from scripts import bench_hf
+
+    full = bench_hf.model_dims(bench_hf.parse_args(["--device", "cuda", "--layers", "32"]))
+    assert full == {**bench_hf.FULL, "num_hidden_layers": 32}
+    assert bench_hf.model_dims(bench_hf.parse_args(["--tiny"])) == bench_hf.TINY
+    model = bench_hf.build("llama", bench_hf.model_dims(bench_hf.parse_args(["--tiny", "--layers", "2"])), "cpu")
+    assert len(model.model.layers) == 2
