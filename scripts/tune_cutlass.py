@@ -30,7 +30,7 @@ import torch
 from qlower.lowerings.kernels.cutlass import build as cutlass_build
 from qlower.lowerings.kernels.cutlass import configs as cutlass_configs
 from qlower.lowerings.kernels.cutlass import mxfp4, w8a16
-from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # dequant + cuBLAS; registers the op
+from qlower.lowerings.kernels.triton.int8.ops import _dense as dequant_mm  # registers the Triton op
 from scripts.common.cuda_timing import gpu_time_us
 
 SETS = 8
@@ -156,7 +156,11 @@ def tuned_table(rows: list[dict], out: Path, merge: bool = False) -> dict:
             by_m[(entry["n"], entry["k"])] = {r["max_m"]: r for r in entry["ranges"]}
     for r in rows:
         name, splits = r["best"].split("/")
-        by_m.setdefault((r["n"], r["k"]), {})[r["m"]] = {"max_m": r["m"], "config": name, "splits": int(splits)}
+        by_m.setdefault((r["n"], r["k"]), {})[r["m"]] = {
+            "max_m": r["m"],
+            "config": name,
+            "splits": int(splits),
+        }
     shapes = {key: [ranges[m] for m in sorted(ranges)] for key, ranges in by_m.items()}
     return {
         "device": torch.cuda.get_device_name(),

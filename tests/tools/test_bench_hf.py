@@ -62,5 +62,7 @@ def test_layers_override_the_configs_depth_only() -> None:
     full = bench_hf.model_dims(bench_hf.parse_args(["--device", "cuda", "--layers", "32"]))
     assert full == {**bench_hf.FULL, "num_hidden_layers": 32}
     assert bench_hf.model_dims(bench_hf.parse_args(["--tiny"])) == bench_hf.TINY
-    model = bench_hf.build("llama", bench_hf.model_dims(bench_hf.parse_args(["--tiny", "--layers", "2"])), "cpu")
+    model = bench_hf.build(
+        "llama", bench_hf.model_dims(bench_hf.parse_args(["--tiny", "--layers", "2"])), "cpu"
+    )
     assert len(model.model.layers) == 2
