@@ -3,37 +3,15 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.scale_facts import product_dtype
 from qlower.patterns.graph_utils import aten, tensor_val
 from qlower.patterns.record import QuantLinear
-
-
-def m_range_gate_node(em: Emitter, rec: QuantLinear, lo: int, hi: int | None) -> fx.Node | int:
-    """1 iff lo <= M <= hi (hi None: no upper end) as a size node of the graph, read from x's rows (the same
-    min/max arithmetic as `kernels/triton/launch_args.m_range_gate`: no guard on M), or the constant 0 or 1 where
-    M's range decides it. "M > 1" is not taken as proof: the graph also runs at M = 1 (AOTInductor)."""
-    m = rec.m
-    if isinstance(m, int):
-        return int(lo <= m and (hi is None or m <= hi))
-    if statically_known_true(m < lo) or (hi is not None and hi >= 2 and statically_known_true(m > hi)):
-        return 0
-    rows = em.call(aten.sym_size.int, rec.x, 0)
-
-    def clamp01(v: fx.Node) -> fx.Node:
-        return em.call(torch.sym_max, 0, em.call(torch.sym_min, 1, v))
-
-    gate = clamp01(em.call(operator.add, rows, 1 - lo))
-    if hi is not None:
-        gate = em.call(operator.mul, gate, clamp01(em.call(operator.sub, hi + 1, rows)))
-    return gate
 
 
 def weight_nk(em: Emitter, rec: QuantLinear) -> fx.Node:

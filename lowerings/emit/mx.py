@@ -350,18 +350,11 @@ def emit_scaled_mm(
     return finish(em, rec, core)
 
 
-def block_scale_bits(em: Emitter, rec: QuantLinear, gate: Any = 1) -> fx.Node:
+def block_scale_bits(em: Emitter, rec: QuantLinear) -> fx.Node:
     """The weight's block scales as qlower's CUTLASS MXFP4 GEMM reads them (`kernels/cutlass/mxfp4.py`):
     [K/128, N, 4] bf16, 2 ** (code - 127) built from its bits (`code << 7`: exact, no float arithmetic that could
     flush 2 ** -127), with the record's meaning of the codes 0 and 255 (the spec's 2 ** -127 and NaN, or the
-    graph's own 0.0 and +inf, which are the bits `code << 7` already give). `decode_codes` is the float32 twin.
-
-    `gate`: 1, or 0 / a 0/1 size node (`emit.common.m_range_gate_node`): the result has K/128 * gate rows, so at 0
-    the kernel that builds it launches nothing (a symbolic M's call in the Triton kernels' range builds no scales
-    it would not read). Those rows are gathered by an index of that length (no view or slice whose sizes the
-    tracer would compare with 0, 1 or 2: a guard on M), traced size-obliviously as the kernels' gated sizes are."""
-    from qlower.lowerings.graph.triton_inline import unguarded_gated_sizes
-
+    graph's own 0.0 and +inf, which are the bits `code << 7` already give). `decode_codes` is the float32 twin."""
     d = rec.weight_mx
     assert d is not None
     n, cols = int(rec.n), int(rec.k) // fmt.BLOCK
@@ -375,10 +368,5 @@ def block_scale_bits(em: Emitter, rec: QuantLinear, gate: Any = 1) -> fx.Node:
             value = em.call(aten.scalar_tensor.default, spec_bits, dtype=torch.int32, device=rec.device)
             bits = em.call(aten.where.self, em.call(aten.eq.Scalar, c, code), value, bits)
     scales = em.call(aten.view.dtype, em.convert(bits, torch.int16), torch.bfloat16)
-    tiles = em.call(aten.permute.default, em.reshape(scales, [n, cols // 4, 4]), [1, 0, 2])
-    if isinstance(gate, int) and gate == 1:
-        return em.contiguous(tiles)
-    with unguarded_gated_sizes():
-        rows = gate * (cols // 4) if isinstance(gate, int) else em.call(operator.mul, gate, cols // 4)
-        index = em.call(aten.arange.default, rows, dtype=torch.int64, device=rec.device, pin_memory=False)
-        return em.call(aten.index_select.default, tiles, 0, index)
+    quads = em.reshape(scales, [n, cols // 4, 4])
+    return em.contiguous(em.call(aten.permute.default, quads, [1, 0, 2]))

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import torch
 from torch import fx
 
-from qlower.lowerings.emit.common import finish, m_range_gate_node
+from qlower.lowerings.emit.common import finish
 from qlower.lowerings.emit.mx import as_u8_view, block_scale_bits, scale_codes
 from qlower.lowerings.graph.builder import Emitter
 from qlower.lowerings.preference import KernelPreference
@@ -73,9 +73,8 @@ def emit_mx_triton(
     bv = tensor_val(rec.bias)
     bias = rec.bias if bv is not None and known_eq(bv.numel(), rec.n) else None
     tensors += [w, ws] + ([bias] if bias is not None else [])
-    if cutlass_min_m:  # built only where the GEMM runs (`m_range_gate_node`): no kernel at another M
-        gate = m_range_gate_node(em, rec, cutlass_min_m, cutlass_max_m or None)
-        tensors.append(block_scale_bits(em, rec, gate))
+    if cutlass_min_m:
+        tensors.append(block_scale_bits(em, rec))
     w_fmt, out_dtype, has_xs, has_b = _elem_code(d.elem), rec.compute_dtype, aq is not None, bias is not None
     host_branch = host_branches(rec)
 
