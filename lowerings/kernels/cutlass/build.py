@@ -279,13 +279,20 @@ def _build_locked(
 _LOCK = threading.Lock()
 
 
+def object_paths(folder: Path) -> list[Path]:
+    """Every object of the library in `folder`: the W8A16 configurations' and the MXFP4 ones' (both C shims'
+    kernels call into them, so a shim library linked with fewer fails to load: an undefined symbol)."""
+    stems = [cfg.name for cfg in W8A16_CONFIGS] + [MXFP4_OBJECT_PREFIX + cfg.name for cfg in MXFP4_CONFIGS]
+    return [folder / f"{stem}.o" for stem in stems]
+
+
 def objects() -> list[Path] | str:
     """The library's objects, one per configuration (linked into AOTInductor packages with the CUTLASS op's C
     shim, lowerings/aoti/build.py), or why there are none."""
     lib = library()
     if isinstance(lib, str):
         return lib
-    found = [lib.parent / f"{cfg.name}.o" for cfg in W8A16_CONFIGS]
+    found = object_paths(lib.parent)
     if not all(o.is_file() for o in found):
         return (
             f"{lib.parent} holds the library without its objects (a prebuilt QLOWER_CUTLASS_LIBRARY): "

@@ -169,6 +169,38 @@ def test_library_build_says_why_without_objects(monkeypatch):
         build.separate_shim_library("cuda")
 
 
+def test_shim_library_links_an_object_for_every_entry_the_shims_call(monkeypatch, tmp_path):
+    """Both shims' kernels call their configurations' entry points through the generated headers (W8A16's and
+    MXFP4's); the shim library links `objects()`, so it must name an object for each of them (without the MXFP4
+    ones, the library failed to load on an sm_90 machine: an undefined `qlower_mxfp4_sm90_*`)."""
+    import re
+
+    called = set()
+    for text in cpp_sources.generated_files().values():
+        called |= set(re.findall(r'extern "C" int (qlower_\w+_sm90_\w+)\(', text))
+    assert any(s.startswith("qlower_mxfp4_") for s in called) and any(
+        s.startswith("qlower_w8a16_") for s in called
+    )
+
+    def entry_of(
+        obj: Path,
+    ) -> str:  # the symbol the object defines: csrc/cuda/*.cu with QLOWER_NAME = its config
+        stem = obj.stem
+        if stem.startswith(cutlass_build.MXFP4_OBJECT_PREFIX):
+            return "qlower_mxfp4_sm90_" + stem[len(cutlass_build.MXFP4_OBJECT_PREFIX) :]
+        return "qlower_w8a16_sm90_" + stem
+
+    lib = tmp_path / cutlass_build.LIBRARY_NAME
+    lib.write_bytes(b"")
+    for obj in cutlass_build.object_paths(tmp_path):
+        obj.write_bytes(b"")
+    monkeypatch.setattr(cutlass_build, "library", lambda: lib)
+    monkeypatch.setattr(cutlass_build, "cudart_link_flags", lambda tc=None: ["-l:libcudart.so.13"])
+    objs = cutlass_build.objects()
+    assert not isinstance(objs, str), objs
+    assert {entry_of(o) for o in objs} == called
+
+
 def test_library_links_the_cuda_runtime_by_soname(monkeypatch):
     """The objects call the CUDA runtime: the shim library and every wrapper linking its archive need
     `libcudart.so.<major>`, bound at load time to the runtime torch loaded (no path of this machine kept)."""
