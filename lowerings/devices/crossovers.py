@@ -36,24 +36,6 @@ DYNAMIC_INT8_TRITON_MAX_M: int | None = None
 # branch from the range's start.
 CUTLASS_W8A16_M_RANGE: tuple[int, int | None] = (128, 4096)
 
-# ... its start for large weights (at least the first number of int8 elements, N * K): the second number. On the
-# H200 (BENCHMARKS.md, "CUTLASS W8A16 against the Triton kernels at small M"; kernels alone, CUDA-graph replays) its
-# 64-token tile ran M = 64 at 1.15x / 1.37x / 1.37x bf16 on 4096x14336 / 14336x4096 / 28672x4096 (N x K) where
-# the Triton kernels ran 0.94x / 1.12x / 1.13x; at M = 32 the Triton kernels were ahead or level (1.20x against
-# 1.07x, 1.27x / 1.25x, 1.34x / 1.28x). A 64-token tile's time does not depend on how many of its rows are real,
-# so the GEMM's M = 64 time holds from M = 33, while the Triton kernels' grows from their M = 32 time: the range
-# starts at 49, between the measured Ms. The smaller weight measured, 6144x4096, kept the Triton kernels ahead
-# at M = 64 (18.9 against 20.4 us), so smaller weights keep the start above.
-CUTLASS_W8A16_LARGE_WEIGHT: tuple[int, int] = (1 << 25, 49)
-
-
-def cutlass_w8a16_min_m(n: int, k: int) -> int:
-    """The lowest M the CUTLASS W8A16 GEMM takes for an N x K weight (`CUTLASS_W8A16_M_RANGE`,
-    `CUTLASS_W8A16_LARGE_WEIGHT`)."""
-    elements, min_m = CUTLASS_W8A16_LARGE_WEIGHT
-    return min_m if n * k >= elements else CUTLASS_W8A16_M_RANGE[0]
-
-
 # MXFP4 weight-only with bf16 x, qlower's CUTLASS MXFP4 GEMM (sm_90a): the static M range AUTO ranks it first
 # in, ahead of the Triton MX op (lowest, highest or None; None: not measured, AUTO never takes it). On the H100
 # (BENCHMARKS.md, "CUTLASS MXFP4"; 4096->14336 / 14336->4096, kernels alone) it ran 1.39x / 1.30x bf16 at M = 64

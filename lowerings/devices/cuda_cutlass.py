@@ -8,16 +8,16 @@ library (`kernels/cutlass/build.py`: a missing nvcc or CUTLASS is the reason in 
 AOTInductor also the library's objects, which the op's C shim links into the package (lowerings/aoti/build.py;
 tests/integrations/aoti/test_aoti_cutlass.py), unless `QLOWER_AOTI_CUTLASS=0` keeps packages on the Triton kernels.
 The MXFP4 lowering (`MXFP4_CUTLASS`, below) follows the same rules with its own operands.
-Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE` (from M = 49 for weights of 2^25 elements
-and more, `CUTLASS_W8A16_LARGE_WEIGHT`), and a symbolic M under CUDA graphs or in a
+Preferred (`prefer`, AUTO): a static M in `CUTLASS_W8A16_M_RANGE`, and a symbolic M under CUDA graphs or in a
 C++-wrapper compile (AOTInductor, cpp_wrapper: the branch on M is a C++ `if`), which gets qlower's Triton op with
 this GEMM as its branch above the range's start (emit/cutlass.py). It is ranked before the Triton
-lowering, which keeps a static M below the range; dequant + cuBLAS keeps a static M above the range (`devices/crossovers.py`,
+lowering, which keeps a static M up to 127; dequant + cuBLAS keeps a static M above the range (`devices/crossovers.py`,
 from BENCHMARKS.md, "CUDA, woq_int8, CUTLASS W8A16").
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -126,15 +126,8 @@ def cutlass_library_built() -> str | None:
     return lib if isinstance(lib, str) else None
 
 
-def _w8a16_min_m(rec: QuantLinear) -> int:
-    """The range's start for this weight (`crossovers.cutlass_w8a16_min_m`; a symbolic N or K: the general one)."""
-    if is_static(rec.n) and is_static(rec.k):
-        return crossovers.cutlass_w8a16_min_m(int(rec.n), int(rec.k))
-    return CUTLASS_W8A16_M_RANGE[0]
-
-
 def prefer_woq_int8_cutlass(rec: QuantLinear) -> str | None:
-    lo, hi = _w8a16_min_m(rec), CUTLASS_W8A16_M_RANGE[1]
+    lo, hi = CUTLASS_W8A16_M_RANGE
     if not is_static(rec.m):
         from torch._inductor import config as inductor_config
 
@@ -161,11 +154,6 @@ def _gpu_name(rec: QuantLinear) -> tuple[str, bool]:
         return configs.FALLBACK_DEVICE, False
 
 
-def _emit_woq_int8_cutlass(graph: fx.Graph, rec: QuantLinear, preference: KernelPreference) -> fx.Node:
-    """The emitter with the Triton kernels up to the range's start for this weight (a symbolic M)."""
-    return emit_woq_int8_cutlass(graph, rec, preference, triton_max_m=_w8a16_min_m(rec) - 1)
-
-
 def cutlass_configuration(rec: QuantLinear) -> str:
     """The tile, cluster, schedule and split the kernel runs for this record (the tuned table's choice at a
     static M, `configs.choose`; a symbolic M's is made per call from the same table)."""
@@ -187,7 +175,7 @@ WOQ_INT8_CUTLASS = Lowering(
     supports=supports_woq_int8_cutlass,
     prefer=prefer_woq_int8_cutlass,
     available=cutlass_library_built,
-    emit=_emit_woq_int8_cutlass,
+    emit=functools.partial(emit_woq_int8_cutlass, triton_max_m=CUTLASS_W8A16_M_RANGE[0] - 1),
     doc="qlower CUTLASS W8A16 GEMM (sm_90a): int8 weight converted in registers, scale and bias in the epilogue",
     detail=cutlass_configuration,
 )

@@ -8,7 +8,6 @@ included, and a compiled model whose report, generated code and numbers show the
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import pytest
@@ -48,26 +47,6 @@ def test_auto_takes_cutlass_for_static_m_in_its_range(built):
         other = _decide(m=m)
         assert other.entries[0].lowering != LOWERING, other.table()
         assert "measured range" in dict(other.entries[0].passed_over)[LOWERING]
-
-
-@pytest.mark.parametrize(
-    ("n", "k"), [(14336, 4096), (4096, 14336), (28672, 4096), (6144, 4096), (4096, 4096)]
-)
-def test_large_weights_start_the_range_lower(built, n, k):
-    """Weights of 2^25 int8 elements and more take the GEMM from M = 49 (its 64-token tile measured ahead of the
-    Triton kernels at M = 64, behind at 32: `crossovers.CUTLASS_W8A16_LARGE_WEIGHT`); smaller ones from the
-    general start. Static M on both sides of the start, and a symbolic M's Triton range ends just below it."""
-    from qlower.lowerings.devices import crossovers
-
-    lo = crossovers.cutlass_w8a16_min_m(n, k)
-    assert lo == (49 if n * k >= 1 << 25 else crossovers.CUTLASS_W8A16_M_RANGE[0])
-    assert _decide(m=lo, k=k, n=n).entries[0].lowering == LOWERING
-    below = _decide(m=lo - 1, k=k, n=n).entries[0]
-    assert below.lowering != LOWERING and "measured range [" + str(lo) in dict(below.passed_over)[LOWERING]
-    from qlower.lowerings.devices import cuda_cutlass
-
-    rec = types.SimpleNamespace(n=n, k=k)
-    assert cuda_cutlass._w8a16_min_m(rec) == lo
 
 
 @pytest.mark.parametrize(
@@ -125,29 +104,6 @@ def test_symbolic_m_takes_cutlass_under_cuda_graphs_only(built):
     assert decide(True).entries[0].lowering == LOWERING, decide(True).table()
     without = decide(False).entries[0]
     assert without.lowering != LOWERING and "without CUDA graphs" in dict(without.passed_over)[LOWERING]
-
-
-@pytest.mark.parametrize(("n", "k", "triton_max_m"), [(14336, 4096, 48), (1024, 4096, 127)])
-def test_symbolic_m_hands_over_at_the_weights_start(built, monkeypatch, n, k, triton_max_m):
-    """A symbolic M under CUDA graphs: the Triton op runs up to the range's start for this weight, the GEMM
-    from there (what `emit_woq_int8_cutlass` is handed)."""
-    from torch._inductor import config as inductor_config
-
-    from qlower.lowerings.devices import cuda_cutlass
-
-    handed = []
-    real = cuda_cutlass.emit_woq_int8_cutlass
-
-    def recording(graph, rec, preference, triton_max_m):
-        handed.append(triton_max_m)
-        return real(graph, rec, preference, triton_max_m=triton_max_m)
-
-    monkeypatch.setattr(cuda_cutlass, "emit_woq_int8_cutlass", recording)
-    gm = symbolic_m_woq_graph(k=k, n=n)
-    with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
-        report = apply_pass(gm)
-    assert report.entries[0].lowering == LOWERING, report.table()
-    assert handed == [triton_max_m]
 
 
 def test_every_configuration_has_a_unique_entry_point_name():
