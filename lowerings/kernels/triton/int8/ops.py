@@ -329,15 +329,6 @@ def _dense_above(
 DEQUANT_TILE = (32, 256)
 
 
-def _python_wrapper() -> bool:
-    """Whether the compile generates Python's wrapper (not AOTInductor's or `cpp_wrapper`'s C++), where ops
-    without a C shim can run."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.virtualized import V
-
-    return not (inductor_config.cpp_wrapper or getattr(V, "aot_compilation", False))
-
-
 def _dense(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -358,14 +349,9 @@ def _dense(
         from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
 
         assert round_ws == 0, "the CUTLASS GEMM takes the scale in x's dtype as the graph has it"
+        a_k, w_k = (a, w) if ungated else (a.narrow(1, 0, kg), w.narrow(1, 0, kg))
         b = bias.to(a.dtype) if bias is not None else None
-        s = ws.reshape(-1).to(a.dtype)
-        if ungated:
-            out = torch.ops.qlower.woq_int8_cutlass(a, w, s, b)
-        elif _python_wrapper():  # the gate as an argument: no operand sized by it (`woq_int8_cutlass_gated`)
-            out = torch.ops.qlower.woq_int8_cutlass_gated(a, w, s, b, gate)
-        else:  # a C++ wrapper calls the op's C shim: K gated to 0 below the range
-            out = torch.ops.qlower.woq_int8_cutlass(a.narrow(1, 0, kg), w.narrow(1, 0, kg), s, b)
+        out = torch.ops.qlower.woq_int8_cutlass(a_k, w_k, ws.reshape(-1).to(a.dtype), b)
         return out if out.dtype == out_dtype else out.to(out_dtype)
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
