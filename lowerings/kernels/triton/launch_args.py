@@ -21,6 +21,15 @@ def is_static(x: Any) -> bool:
     return isinstance(x, int) or (isinstance(x, torch.SymInt) and x.node.is_constant())
 
 
+def python_wrapper() -> bool:
+    """Whether the compile generates Python's wrapper (not AOTInductor's or `cpp_wrapper`'s C++), where ops
+    without a C shim (`custom_ops.PYTHON_RUNTIME_ONLY`) can run."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    return not (inductor_config.cpp_wrapper or getattr(V, "aot_compilation", False))
+
+
 def m_range_gate(m: Any, lo: int, hi: int | None) -> Any:
     """1 iff lo <= m <= hi (hi None: no upper end), as SymInt arithmetic (no guard); None: provably 0.
 

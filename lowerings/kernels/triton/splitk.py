@@ -44,12 +44,15 @@ def reduce_into(
     gate: Any = 1,
     bias: Optional[torch.Tensor] = None,
     launch: Callable[[Any], Any] = lambda kernel: kernel,
+    rows: Any = None,
 ) -> None:
     """out [M, N] = the sum of `part` [SPLIT_K, M, N] or [M, N] (fp32, unit inner stride) [+ bias [N]], for
     the rows of a launch gated by `gate` (1, 0, or a 0/1 SymInt). `launch`: `wrap_triton` inside a
-    triton_op (traced), identity for a direct launch."""
+    triton_op (traced), identity for a direct launch. `rows`: M where `part` holds more rows (a gated
+    accumulator of at least two rows)."""
     p = part if part.dim() == 3 else part.unsqueeze(0)
     split, m, n = p.shape
+    m = m if rows is None else rows
     b = bias if bias is not None else p
     launch(splitk_reduce_kernel)[(m * gate, cdiv(n, REDUCE_BLOCK))](
         p, b, out, m, n, split, p.stride(0), p.stride(1), out.stride(0), out.stride(1),

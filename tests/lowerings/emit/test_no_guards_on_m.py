@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch._dynamo.source import ConstantSource
 from torch._inductor import config as inductor_config
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.fx_passes.post_grad import post_grad_passes
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -130,6 +131,19 @@ def _check(
     assert ("cutlass" in entry.lowering) == takes_cutlass, report.table()
     added = [str(g.expr) for g in env.guards[before:] if symbol in g.expr.free_symbols]
     assert not added, (entry.lowering, added[:5])
+    # Inductor's own passes after qlower's re-evaluate the nodes' fake values (a slice's sizes, say): a gated
+    # size there must not become a guard either (it did for views narrowed to K * gate: a recompile per range)
+    with override_cuda_capability((9, 0)), _fake_mode_of(gm):
+        post_grad_passes(gm, is_inference=True)
+    added = [str(g.expr) for g in env.guards[before:] if symbol in g.expr.free_symbols]
+    assert not added, ("Inductor's post-grad passes", entry.lowering, added[:5])
+
+
+def _fake_mode_of(gm: torch.fx.GraphModule):
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    return V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]))
 
 
 needs_triton = pytest.mark.skipif(triton_unavailable() is not None, reason=str(triton_unavailable()))

@@ -388,3 +388,35 @@ def test_report_says_a_symbolic_m_chooses_per_call(built):
     with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
         row = apply_pass(gm).entries[0]
     assert row.lowering == LOWERING and "configuration chosen per call by M" in row.why, row.why
+
+
+def test_gated_op_outside_its_range_is_the_bias_alone():
+    """`woq_int8_cutlass_gated` at gate 0 (M outside the GEMM's range) returns the bias (or zeros) for the
+    Triton launches to overwrite, without calling the GEMM (no GPU needed); its fake has the GEMM's shape."""
+    from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers the ops)
+
+    x = torch.randn(5, 64, dtype=BF16)
+    w = torch.randint(-128, 128, (24, 64), dtype=torch.int8)
+    s = torch.rand(24, dtype=BF16)
+    b = torch.randn(24, dtype=BF16)
+    out = torch.ops.qlower.woq_int8_cutlass_gated(x, w, s, b, 0)
+    assert torch.equal(out, b.expand(5, 24))
+    assert torch.equal(
+        torch.ops.qlower.woq_int8_cutlass_gated(x, w, s, None, 0), torch.zeros(5, 24, dtype=BF16)
+    )
+
+
+def test_symbolic_m_under_cuda_graphs_hands_the_gate_to_the_op(built):
+    """A symbolic M under CUDA graphs in Python's wrapper: the GEMM's range runs through the gated op, which takes
+    x and the weight whole (no view of them sized by the gate, which Inductor copies with kernels configured at
+    the compile's hint, where the gate is 0)."""
+    from torch._inductor import config as inductor_config
+
+    gm = symbolic_m_woq_graph(k=4096, n=14336)
+    with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
+        report = apply_pass(gm)
+    assert report.entries[0].lowering == LOWERING, report.table()
+    (gated,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_cutlass_gated.default]
+    x, w = gated.args[0], gated.args[1]
+    assert [n.target for n in (x, w) if n.op == "call_function"] == [], (x.target, w.target)
+    assert not [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_cutlass.default]

@@ -285,7 +285,9 @@ def test_gated_mx_weight_only_runs_one_bucket_at_every_m(k, n):
     at every M exactly one bucket's kernel has a non-empty grid (a split-K reduce aside), the one
     `mx_ops.pick_weight_only` names. Where N <= K two buckets (M 65-128, 129+) dequantize for cuBLAS; only the
     first one's gate used to reach that shared launch, and M > 128 got an all-zero output on the H200
-    (tests/lowerings/kernels/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge)."""
+    (tests/lowerings/kernels/test_mx_gpu.py::test_dynamic_m_matches_float64_at_every_bucket_edge). Those
+    buckets run inside `qlower::mxfp4_dense` (dequantize + cuBLAS chosen at run time, the gate its argument):
+    there the op's gate is 1 and no tile kernel runs."""
     from qlower.lowerings.kernels.triton.mx import ops as mx_ops
 
     e2m1 = mx_ops.ELEM_CODE["e2m1"]
@@ -306,6 +308,12 @@ def test_gated_mx_weight_only_runs_one_bucket_at_every_m(k, n):
                    if math.prod(args["grid"]) > 0 and name != "splitk_reduce_kernel"]  # fmt: skip
         cfg = mx_ops.pick_weight_only(m, e2m1, k, n, torch.bfloat16)
         seen.add(cfg.kernel)
+        dense_gates = [_at(nd.args[-1], sym, m) for nd in gm.graph.nodes
+                       if nd.target is torch.ops.qlower.mxfp4_dense.default]  # fmt: skip
+        if cfg.kernel == "bf16dq":
+            assert running == [] and dense_gates == [1], (k, n, m, running, dense_gates)
+            continue
+        assert all(g == 0 for g in dense_gates), (k, n, m, dense_gates)
         assert len(running) == 1 and kernel[cfg.kernel] in running[0], (k, n, m, cfg.kernel, running)
     assert {"hfma", "bf16mm", "bf16dq"} <= seen, seen
 

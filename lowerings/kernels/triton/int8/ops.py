@@ -23,7 +23,15 @@ from qlower.lowerings.kernels.triton.int8.kernels import (
 from qlower.lowerings.kernels.triton.int8.woq_decode import woq_decode_kernel
 from qlower.lowerings.kernels.triton.int8.woq_limbs import MAX_K as LIMBS_MAX_K
 from qlower.lowerings.kernels.triton.int8.woq_limbs import woq_limb_mm_kernel, x_limbs_kernel
-from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, flat, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.launch_args import (
+    Leaf,
+    branch_on_m,
+    cdiv,
+    flat,
+    is_static,
+    m_range_gate,
+    python_wrapper,
+)
 from qlower.lowerings.kernels.triton.splitk import reduce_into
 from qlower.lowerings.kernels.triton.tuned import current_device_name
 
@@ -349,9 +357,14 @@ def _dense(
         from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
 
         assert round_ws == 0, "the CUTLASS GEMM takes the scale in x's dtype as the graph has it"
-        a_k, w_k = (a, w) if ungated else (a.narrow(1, 0, kg), w.narrow(1, 0, kg))
         b = bias.to(a.dtype) if bias is not None else None
-        out = torch.ops.qlower.woq_int8_cutlass(a_k, w_k, ws.reshape(-1).to(a.dtype), b)
+        s = ws.reshape(-1).to(a.dtype)
+        if ungated:
+            out = torch.ops.qlower.woq_int8_cutlass(a, w, s, b)
+        elif python_wrapper():  # the gate as an argument: no operand sized by it (`woq_int8_cutlass_gated`)
+            out = torch.ops.qlower.woq_int8_cutlass_gated(a, w, s, b, gate)
+        else:  # a C++ wrapper calls the op's C shim: K gated to 0 below the range
+            out = torch.ops.qlower.woq_int8_cutlass(a.narrow(1, 0, kg), w.narrow(1, 0, kg), s, b)
         return out if out.dtype == out_dtype else out.to(out_dtype)
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
@@ -393,9 +406,13 @@ def _launch_all(
         if cfg.split_k == 1:
             _launch(cfg, a, w, ws, xs, bias, out, gate, round_ws)
             continue
-        acc = torch.zeros((m * gate, n), dtype=torch.float32, device=a.device)
+        # at least two rows: a size that M's range lets be 0 or 1 becomes a guard on M where Inductor's post-grad
+        # passes re-run the kernel wrapper's fake (its clone of the mutated buffer asks whether the size is 0, and
+        # whether it is 1), as a symbolic M itself is taken to be at least 2 (tests/lowerings/emit/
+        # test_no_guards_on_m.py); the rows beyond M are never read
+        acc = torch.zeros((torch.sym_max(2, m * gate), n), dtype=torch.float32, device=a.device)
         _launch(cfg, a, w, ws, xs, bias, acc, gate, round_ws)
-        reduce_into(out, acc, gate, launch=wrap_triton)
+        reduce_into(out, acc, gate, launch=wrap_triton, rows=m)
     return out
 
 

@@ -155,7 +155,7 @@ BF16_DENSE = DecodeConfig("bf16dq", CVT, block_n=16, block_kw=64, num_warps=4, n
 def mxfp4_dense(
     x: torch.Tensor,
     w: torch.Tensor,
-    blocks: torch.Tensor,
+    blocks: Optional[torch.Tensor],
     codes: torch.Tensor,
     bias: Optional[torch.Tensor],
     codes_swizzled: bool,
@@ -165,15 +165,17 @@ def mxfp4_dense(
 ) -> torch.Tensor:
     """x [M, K] bf16 @ dequant(w).T [+ bias] -> bf16, MXFP4 w [N, K/2] with its e8m0 `codes` and the same scales
     as qlower's CUTLASS MXFP4 GEMM reads them (`blocks`), for the whole-output buckets of a symbolic M: the
-    CUTLASS GEMM up to `cutlass_max_m` (0: at every M), dequantize + cuBLAS (`dense_bf16`) above. Opaque to the
-    compiler, so the choice is made on the M each call (or CUDA graph recording) has; `gate` 0 (M outside the
-    buckets, a 0/1 SymInt at trace time) only fills the output with the bias (or zeros) for the tile kernels
-    to overwrite."""
+    CUTLASS GEMM up to `cutlass_max_m` (0: at every M), dequantize + cuBLAS (`dense_bf16`) above, or at every M
+    where `blocks` is None (no CUTLASS GEMM). Opaque to the compiler, so the choice is made on the M each call
+    (or CUDA graph recording) has, and no operand is a view sized by the gate (Inductor's post-grad passes
+    turned those sizes into guards on M: tests/lowerings/emit/test_no_guards_on_m.py); `gate` 0 (M outside
+    the buckets, a 0/1 SymInt at trace time) only fills the output with the bias (or zeros) for the tile
+    kernels to overwrite."""
     m, n = x.shape[0], w.shape[0]
     if gate == 0 or m == 0:
         out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
         return out if bias is None else out.add_(bias.to(x.dtype))
-    if cutlass_max_m and m > cutlass_max_m:
+    if blocks is None or (cutlass_max_m and m > cutlass_max_m):
         return dense_bf16(
             BF16_DENSE, x, as_words(w), codes, bias, codes_swizzled, direct=True, w_special=special
         )

@@ -25,7 +25,14 @@ import torch
 from torch.library import triton_op, wrap_triton
 
 from qlower.lowerings.kernels.triton import interpreted
-from qlower.lowerings.kernels.triton.launch_args import Leaf, branch_on_m, cdiv, is_static, m_range_gate
+from qlower.lowerings.kernels.triton.launch_args import (
+    Leaf,
+    branch_on_m,
+    cdiv,
+    is_static,
+    m_range_gate,
+    python_wrapper,
+)
 from qlower.lowerings.kernels.triton.mx.decode import BITS, CVT, F16BITS, DecodeConfig, as_words
 from qlower.lowerings.kernels.triton.mx.kernels import (
     E2M1,
@@ -565,6 +572,9 @@ def _decode_or_current(
             out = torch.ops.qlower.mxfp4_dense(
                 a, w, w_blocks, w_scale, bias, w_swz, sp.w, cutlass_max_m, gate
             )
+        elif not is_static(gate) and w_fmt == E2M1 and python_wrapper():
+            # the gate as an argument (no view of x narrowed to K * gate: a guard on M in Inductor's passes)
+            out = torch.ops.qlower.mxfp4_dense(a, w, None, w_scale, bias, w_swz, sp.w, 0, gate)
         else:
             out = dense_bf16(cfg, a, words, w_scale, bias, w_swz, gate, w_special=sp.w)
         return out if out.dtype == out_dtype else out.to(out_dtype)
