@@ -172,8 +172,8 @@ def _(x: torch.Tensor, w_nk: torch.Tensor, max_m: int) -> torch.Tensor:
 int8_gemm = torch.ops.qlower.int8_gemm.default
 
 # Ops that never reach a C++ wrapper (they need Python state at run time, like the prepack cache, or are
-# emitted only where the wrapper is Python: `mxfp4_dense` and `woq_int8_cutlass_gated`, the gated buckets'
-# run-time choice under CUDA graphs, kernels/triton/mx/launch.py and kernels/cutlass/w8a16.py): they get no C
+# emitted only where the wrapper is Python: `mxfp4_dense` and `woq_int8_dense_gated`, the gated buckets'
+# run-time choice under CUDA graphs, kernels/triton/mx/launch.py and kernels/triton/int8/ops.py): they get no C
 # shim and no C++ kernel.
 PYTHON_RUNTIME_ONLY = frozenset(
     {
@@ -181,7 +181,7 @@ PYTHON_RUNTIME_ONLY = frozenset(
         "qlower::int8_weight_mm",
         "qlower::int8_scaled_weight_mm",
         "qlower::mxfp4_dense",
-        "qlower::woq_int8_cutlass_gated",
+        "qlower::woq_int8_dense_gated",
     }
 )
 

@@ -153,27 +153,3 @@ def _(
     x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     return x.new_empty((x.shape[0], w.shape[0]))
-
-
-@torch.library.custom_op("qlower::woq_int8_cutlass_gated", mutates_args=())
-def woq_int8_cutlass_gated(
-    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, gate: int
-) -> torch.Tensor:
-    """`woq_int8_cutlass` where `gate` is 1; where it is 0 (a symbolic M outside the GEMM's range: a 0/1 SymInt at
-    trace time) only the bias, or zeros, for the Triton launches to overwrite (`triton/int8/ops.py: _dense`).
-    Opaque to the compiler, so no operand is a view sized by the gate: Inductor's post-grad passes re-evaluate a
-    slice's sizes, and views narrowed to K * gate became guards on M there (a recompile per M range;
-    tests/lowerings/emit/test_no_guards_on_m.py). Emitted only where the wrapper is Python
-    (custom_ops.PYTHON_RUNTIME_ONLY)."""
-    m, n = x.shape[0], w.shape[0]
-    if gate == 0 or m == 0:
-        out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
-        return out if bias is None else out.add_(bias.to(x.dtype))
-    return woq_int8_cutlass(x, w, scale, bias)
-
-
-@woq_int8_cutlass_gated.register_fake
-def _(
-    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, gate: int
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], w.shape[0]))

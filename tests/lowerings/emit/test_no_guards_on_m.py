@@ -107,6 +107,7 @@ def sm90(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: props.name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the int8 Triton rules ask
     monkeypatch.setattr(
         mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: w_fmt == mx_ops.E2M1 and x_dtype == BF16
     )

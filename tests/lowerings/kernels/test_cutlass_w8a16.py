@@ -391,18 +391,18 @@ def test_report_says_a_symbolic_m_chooses_per_call(built):
 
 
 def test_gated_op_outside_its_range_is_the_bias_alone():
-    """`woq_int8_cutlass_gated` at gate 0 (M outside the GEMM's range) returns the bias (or zeros) for the
-    Triton launches to overwrite, without calling the GEMM (no GPU needed); its fake has the GEMM's shape."""
-    from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers the ops)
+    """`woq_int8_dense_gated` at gate 0 (M outside the range) returns the bias (or zeros) for the Triton launches
+    to overwrite, without calling a GEMM (no GPU needed)."""
+    from qlower.lowerings.kernels.triton.int8 import ops  # noqa: F401  (registers the op)
 
     x = torch.randn(5, 64, dtype=BF16)
     w = torch.randint(-128, 128, (24, 64), dtype=torch.int8)
     s = torch.rand(24, dtype=BF16)
     b = torch.randn(24, dtype=BF16)
-    out = torch.ops.qlower.woq_int8_cutlass_gated(x, w, s, b, 0)
+    out = torch.ops.qlower.woq_int8_dense_gated(x, w, s, b, 0, 0, True)
     assert torch.equal(out, b.expand(5, 24))
     assert torch.equal(
-        torch.ops.qlower.woq_int8_cutlass_gated(x, w, s, None, 0), torch.zeros(5, 24, dtype=BF16)
+        torch.ops.qlower.woq_int8_dense_gated(x, w, s, None, 0, 0, False), torch.zeros(5, 24, dtype=BF16)
     )
 
 
@@ -416,7 +416,7 @@ def test_symbolic_m_under_cuda_graphs_hands_the_gate_to_the_op(built):
     with override_cuda_capability((9, 0)), inductor_config.patch({"triton.cudagraphs": True}):
         report = apply_pass(gm)
     assert report.entries[0].lowering == LOWERING, report.table()
-    (gated,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_cutlass_gated.default]
+    (gated,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_dense_gated.default]
     x, w = gated.args[0], gated.args[1]
     assert [n.target for n in (x, w) if n.op == "call_function"] == [], (x.target, w.target)
     assert not [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_cutlass.default]

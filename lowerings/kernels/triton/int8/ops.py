@@ -352,19 +352,17 @@ def _dense(
     (and the dequantization grid): with K = 0 either only fills the output."""
     n, k = w.shape
     ungated = isinstance(gate, int) and gate == 1
-    kg = k if ungated else k * gate
+    if not ungated and python_wrapper():  # the gate as an argument: no operand sized by it
+        out = torch.ops.qlower.woq_int8_dense_gated(a, w, ws, bias, gate, round_ws, cutlass)
+        return out if out.dtype == out_dtype else out.to(out_dtype)
+    kg = k if ungated else k * gate  # a C++ wrapper (no Python op there): K gated to 0 below the range
     if cutlass:
         from qlower.lowerings.kernels.cutlass import w8a16  # noqa: F401  (registers qlower::woq_int8_cutlass)
 
         assert round_ws == 0, "the CUTLASS GEMM takes the scale in x's dtype as the graph has it"
+        a_k, w_k = (a, w) if ungated else (a.narrow(1, 0, kg), w.narrow(1, 0, kg))
         b = bias.to(a.dtype) if bias is not None else None
-        s = ws.reshape(-1).to(a.dtype)
-        if ungated:
-            out = torch.ops.qlower.woq_int8_cutlass(a, w, s, b)
-        elif python_wrapper():  # the gate as an argument: no operand sized by it (`woq_int8_cutlass_gated`)
-            out = torch.ops.qlower.woq_int8_cutlass_gated(a, w, s, b, gate)
-        else:  # a C++ wrapper calls the op's C shim: K gated to 0 below the range
-            out = torch.ops.qlower.woq_int8_cutlass(a.narrow(1, 0, kg), w.narrow(1, 0, kg), s, b)
+        out = torch.ops.qlower.woq_int8_cutlass(a_k, w_k, ws.reshape(-1).to(a.dtype), b)
         return out if out.dtype == out_dtype else out.to(out_dtype)
     wd = torch.empty((n, kg), dtype=a.dtype, device=a.device)
     ws1, s_ws = flat(ws)
@@ -376,6 +374,42 @@ def _dense(
     a_k = a if ungated else a.narrow(1, 0, kg)
     out = torch.mm(a_k, wd.t()) if bias is None else torch.addmm(bias.to(a.dtype), a_k, wd.t())
     return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+@torch.library.custom_op("qlower::woq_int8_dense_gated", mutates_args=())
+def woq_int8_dense_gated(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: int,
+    round_ws: int,
+    cutlass: bool,
+) -> torch.Tensor:
+    """`_dense` (dequantize + cuBLAS, or with `cutlass` qlower's CUTLASS GEMM) in x's dtype where `gate` is 1;
+    where it is 0 (a symbolic M outside the range: a 0/1 SymInt at trace time) only the bias, or zeros, for the
+    Triton launches to overwrite. Opaque to the compiler, so no operand is sized by the gate: Inductor's
+    post-grad passes re-evaluate the sizes of x and the weight narrowed to K * gate, and of a weight buffer of
+    N x K * gate, and each was a guard on M there (a recompile per M range; tests/lowerings/emit/
+    test_no_guards_on_m.py). Emitted only where the wrapper is Python (custom_ops.PYTHON_RUNTIME_ONLY)."""
+    m, n = x.shape[0], w.shape[0]
+    if gate == 0 or m == 0:
+        out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
+        return out if bias is None else out.add_(bias.to(x.dtype))
+    return _dense(x, w, ws, bias, x.dtype, 1, round_ws, cutlass)
+
+
+@woq_int8_dense_gated.register_fake
+def _(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: int,
+    round_ws: int,
+    cutlass: bool,
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]))
 
 
 def _launch_all(
