@@ -217,27 +217,30 @@ def _traced_dynamic_m(fn, *args) -> torch.fx.GraphModule:
 
 
 def _launch_constants(gm: torch.fx.GraphModule) -> list[tuple[str, dict]]:
-    """(kernel name, constant args) of every Triton launch in `gm` and the branch graphs it holds."""
+    """(kernel name, constant args) of every Triton launch in `gm` and the branch graphs it holds; a gated
+    dequantization range (`qlower::woq_int8_dense_gated`, which launches the dequantize kernel inside) as
+    ("woq_int8_dense_gated", {"ROUND_WS": its round_ws argument})."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     hop = torch.ops.higher_order.triton_kernel_wrapper_functional
+    gated = torch.ops.qlower.woq_int8_dense_gated.default
+    nodes = [n for g in gm.modules() if isinstance(g, torch.fx.GraphModule) for n in g.graph.nodes]
     return [
         (
             kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__,
             {**kernel_side_table.get_constant_args(n.kwargs["constant_args_idx"]), **n.kwargs["kwargs"]},
         )
-        for g in gm.modules()
-        if isinstance(g, torch.fx.GraphModule)
-        for n in g.graph.nodes
+        for n in nodes
         if n.target is hop
-    ]
+    ] + [("woq_int8_dense_gated", {"ROUND_WS": n.args[5]}) for n in nodes if n.target is gated]
 
 
 @needs_triton
 @pytest.mark.parametrize("host_branch", [False, True], ids=["gated", "host_branched"])
 def test_symbolic_m_launches_all_round_the_scale(host_branch: bool) -> None:
-    """A symbolic M's every launch (each range's kernel and the dequantization above M = 256), gated or behind
-    the host `if`s, takes ROUND_WS for bf16 (1); without `round_scale`, 0."""
+    """A symbolic M's every launch (each range's kernel and the dequantization above M = 256: gated, inside
+    `qlower::woq_int8_dense_gated`; behind the host `if`s, the dequantize kernel) takes ROUND_WS for bf16 (1);
+    without `round_scale`, 0."""
     from qlower.lowerings.kernels.triton.int8 import ops as int8_ops  # noqa: F401  (registers the triton_ops)
 
     k, n = 4096, 4096  # a tuned shape: several ranges, several kernels
@@ -249,7 +252,8 @@ def test_symbolic_m_launches_all_round_the_scale(host_branch: bool) -> None:
         )  # fmt: skip
         launches = _launch_constants(gm)
         names = {name for name, _ in launches}
-        assert "woq_dequant_kernel" in names and len(names) >= 3, names
+        dense = "woq_int8_dense_gated" if not host_branch else "woq_dequant_kernel"
+        assert dense in names and len(names) >= 3, names
         assert all(c["ROUND_WS"] == want for _, c in launches), launches
 
 

@@ -137,8 +137,8 @@ def test_emits_kernel_launches_not_an_opaque_op(mode):
     """Static M=10: one launch from the table. Symbolic M: per range of the plan up to AUTO's crossover
     (M = 256) the static kernel, then the dequantization + cuBLAS range above it; without CUDA graphs as a tree
     of `torch.cond` on M (one launch per call), under CUDA graphs as gated launches (Inductor refuses to
-    capture a cond), and gated too where M is a product of sizes ([B, T, K] flattened: a branch graph could not
-    define B and T from its operands)."""
+    capture a cond) with the dequantization range in `qlower::woq_int8_dense_gated`, and gated too where M is a
+    product of sizes ([B, T, K] flattened: a branch graph could not define B and T from its operands)."""
     # [1, 7, K]: M is one size symbol (the leading 1 specializes); [2, 5, K]: M = B * T
     m = 10 if mode in ("static", "dynamic_flattened") else 7
     with torch._inductor.config.patch({"triton.cudagraphs": mode == "dynamic_cudagraphs"}):
@@ -159,9 +159,12 @@ def test_emits_kernel_launches_not_an_opaque_op(mode):
         return
     assert not any(n.target is torch.ops.higher_order.cond for n in gm.graph.nodes), gm.graph
     launches = kernel_launches(gm)
-    assert len(launches) == len(plan) + 1, (plan, launches)
-    assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel", "woq_dequant_kernel"}, launches
-    assert "sym_min" in summary and "sym_max" in summary and "aten.addmm(" in summary, summary  # bias
+    assert len(launches) == len(plan), (plan, launches)
+    assert set(launches) == {"woq_decode_kernel", "qlinear_mm_kernel"}, launches
+    # the dequantization + cuBLAS range: one opaque op with the gate as an argument (no operand sized by it)
+    (dense,) = [n for n in gm.graph.nodes if n.target is torch.ops.qlower.woq_int8_dense_gated.default]
+    assert dense.args[3] is not None, dense  # the bias goes in with it
+    assert "sym_min" in summary and "sym_max" in summary, summary
 
 
 @needs_triton
