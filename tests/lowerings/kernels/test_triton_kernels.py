@@ -82,6 +82,16 @@ for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
         ops._launch_tma(cfg, x, w, ws, None, b, out)
         r = ref(x, w, ws, None, b)
         assert ((out.double() - r).norm() / r.norm()).item() < tol, (dt, m, k, n, str(cfg))
+# woq_int8_dense_gated at gate 1 (the dequantize kernel + torch.mm, the op a symbolic M's top range runs under
+# CUDA graphs), K and N off the dequantize tile; the weight strided with a per-tensor scale too
+for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+    x, w = torch.randn(7, 300, dtype=dt), torch.randint(-128, 128, (40, 300), dtype=torch.int8)
+    w_kn = torch.randint(-128, 128, (300, 40), dtype=torch.int8)
+    ws, b = torch.rand(40) + 0.5, torch.randn(40).to(dt)
+    for weight, bias, scale in ((w, b, ws), (w_kn.t(), None, ws[:1])):
+        out = torch.ops.qlower.woq_int8_dense_gated(x, weight, scale, bias, 1, 0, False)
+        r = ref(x, weight, scale, None, bias)
+        assert out.dtype == dt and ((out.double() - r).norm() / r.norm()).item() < tol, dt
 # woq_limbs: rows far from 1 in magnitude, a zero row, and rows holding NaN / inf (those give NaN rows)
 w, ws = torch.randint(-127, 128, (24, 64), dtype=torch.int8), torch.rand(24) + 0.5
 x = torch.randn(5, 64, dtype=torch.float16) * torch.tensor([[1e4], [1e-3], [0.0], [1.0], [1.0]], dtype=torch.float16)
