@@ -8,6 +8,7 @@ fixes that concern any graph the pass is installed on (`apply_graph_fixes`) when
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -15,10 +16,10 @@ aten = torch.ops.aten
 
 
 def apply_graph_fixes() -> None:
-    """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: `_int_mm`'s
-    operand strides and the C++ loop split of fused groups of unequal loop sizes (MX backward). Idempotent;
+    """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: the matmul
+    operands' strides and the C++ loop split of fused groups of unequal loop sizes (MX backward). Idempotent;
     QLowerPass calls it when it is made (`qlower.inductor_options()` makes one), not per graph."""
-    fix_int_mm_unit_strides()
+    fix_matmul_unit_strides()
     fix_cpp_loop_split_sizes()
 
 
@@ -77,22 +78,42 @@ def dense_unit_strides(x):
     return x
 
 
+# The 2-D matmuls whose operands `fix_matmul_unit_strides` re-views, and the positions of their two matrices.
+# `_int_mm` read garbage from a stride-0 leading dimension on AVX512 CPUs; the float GEMMs read such views right
+# where measured (x86 CPUs), but hand the same leading dimension to oneDNN, MKL and cuBLAS(Lt), which document
+# lda >= K: no matmul of a graph compiled with qlower gets one (scripts/fuzz/run.py `short_leading_dims`).
+MATMUL_OPERANDS: dict[torch._ops.OpOverload, tuple[int, int]] = {
+    aten._int_mm.default: (0, 1),
+    aten.mm.default: (0, 1),
+    aten.addmm.default: (1, 2),
+    aten._scaled_mm.default: (0, 1),
+}
+
+
 @functools.cache
-def fix_int_mm_unit_strides() -> None:
-    """Give `_int_mm`'s operands dense leading dimensions (`dense_unit_strides`) on every device."""
+def fix_matmul_unit_strides() -> None:
+    """Give the matrices of every 2-D matmul lowering (`MATMUL_OPERANDS`) dense leading dimensions
+    (`dense_unit_strides`) on every device. Inductor's matmul lowerings realize their operands anyway, except
+    `triton.native_matmul`'s, which fuses them as loads: left as it is."""
     from torch._inductor import lowering
 
-    op = aten._int_mm.default
-    original = lowering.lowerings.get(op)
-    if original is None or getattr(original, "_qlower_wrapped", False):
-        return
+    for op, positions in MATMUL_OPERANDS.items():
+        original = lowering.lowerings.get(op)
+        if original is not None and not getattr(original, "_qlower_wrapped", False):
+            lowering.lowerings[op] = _with_dense_operands(original, positions)
+
+
+def _with_dense_operands(original: Any, positions: tuple[int, int]) -> Any:
+    from torch._inductor import config as inductor_config
 
     @functools.wraps(original)
-    def int_mm_with_dense_operands(a, b, *args, **kwargs):
-        return original(dense_unit_strides(a), dense_unit_strides(b), *args, **kwargs)
+    def lowering_with_dense_operands(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(inductor_config.triton, "native_matmul", False):
+            args = tuple(dense_unit_strides(a) if i in positions else a for i, a in enumerate(args))
+        return original(*args, **kwargs)
 
-    int_mm_with_dense_operands._qlower_wrapped = True  # type: ignore[attr-defined]
-    lowering.lowerings[op] = int_mm_with_dense_operands
+    lowering_with_dense_operands._qlower_wrapped = True  # type: ignore[attr-defined]
+    return lowering_with_dense_operands
 
 
 @functools.cache
