@@ -63,11 +63,18 @@ def dense_unit_strides(x):
     new view of the same storage (never a copy) with leading dimension K is what a dense [1, K] tensor has.
     """
     from torch._inductor import ir
-    from torch._inductor.virtualized import V
 
     x = ir.ExternKernel.realize_input(x)
+    return _restrided(x) or x
+
+
+def _restrided(x: Any) -> Any:
+    """`dense_unit_strides`'s new view of a realized operand, or None where its strides are already dense."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
     if not isinstance(x, ir.ReinterpretView) or len(x.get_size()) != 2:
-        return x
+        return None
     known = V.graph.sizevars.statically_known_equals
     size, stride = list(x.get_size()), list(x.get_stride())
     for i, j in ((0, 1), (1, 0)):
@@ -75,7 +82,7 @@ def dense_unit_strides(x):
             stride[i] = size[j]
             layout = ir.FixedLayout(x.get_device(), x.get_dtype(), size, stride, x.layout.offset)
             return ir.ReinterpretView(data=x.data, layout=layout)
-    return x
+    return None
 
 
 # The 2-D matmuls whose operands `fix_matmul_unit_strides` re-views, and the positions of their two matrices.
@@ -104,12 +111,19 @@ def fix_matmul_unit_strides() -> None:
 
 
 def _with_dense_operands(original: Any, positions: tuple[int, int]) -> Any:
+    """`original` with the operands at `positions` realized (as the matmul lowerings do first) and, where
+    `_restrided` finds a short stride, replaced by the dense view; every other operand is passed as it came."""
     from torch._inductor import config as inductor_config
+    from torch._inductor import ir
+
+    def dense(x: Any) -> Any:
+        view = _restrided(ir.ExternKernel.realize_input(x))
+        return x if view is None else ir.TensorBox(view)
 
     @functools.wraps(original)
     def lowering_with_dense_operands(*args: Any, **kwargs: Any) -> Any:
         if not getattr(inductor_config.triton, "native_matmul", False):
-            args = tuple(dense_unit_strides(a) if i in positions else a for i, a in enumerate(args))
+            args = tuple(dense(a) if i in positions else a for i, a in enumerate(args))
         return original(*args, **kwargs)
 
     lowering_with_dense_operands._qlower_wrapped = True  # type: ignore[attr-defined]
