@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import sympy
 import torch
 
 aten = torch.ops.aten
@@ -17,10 +18,12 @@ aten = torch.ops.aten
 
 def apply_graph_fixes() -> None:
     """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: the matmul
-    operands' strides and the C++ loop split of fused groups of unequal loop sizes (MX backward). Idempotent;
-    QLowerPass calls it when it is made (`qlower.inductor_options()` makes one), not per graph."""
+    operands' strides, the C++ loop split of fused groups of unequal loop sizes (MX backward), and
+    `_weight_int8pack_mm` (which stock Inductor's own woq pattern emits for a subgraph qlower leaves alone).
+    Idempotent; QLowerPass calls it when it is made (`qlower.inductor_options()` makes one), not per graph."""
     fix_matmul_unit_strides()
     fix_cpp_loop_split_sizes()
+    fix_int8pack_lowering()
 
 
 @functools.cache
@@ -31,6 +34,12 @@ def fix_int8pack_lowering() -> None:
     (`unwrap_storage_for_input: AssertionError: <class 'torch._inductor.ir.Pointwise'>`). Realize it first.
     The lowering also sets no layout constraint on the weight, so a transposed-and-cloned weight can reach
     the kernel non-contiguous ("expect B to be contiguous"): require a contiguous weight.
+
+    ATen's CPU kernel crashes (SIGSEGV) on bf16 activations with K % 16 != 0 (torch 2.13, an AVX512-BF16 CPU:
+    K = 8, 24, 33, 40, 100; fp16 and fp32 run). qlower's own CPU rule never emits it there, but stock Inductor's
+    woq pattern does, for `F.linear(x, w.to(bf16)) * s` with any K (`scripts/fuzz` seed 1579268955: a stock
+    compile beside qlower's took the fuzz process down). Such a call runs as that formula instead: the int8
+    weight converted, a matmul, the scale (`_int8pack_as_formula`).
     """
     from torch._inductor import ir, lowering
     from torch._inductor.select_algorithm import realize_inputs
@@ -45,11 +54,39 @@ def fix_int8pack_lowering() -> None:
 
     @functools.wraps(original)
     def lowering_with_realized_scale(x, w, scale, *args, **kwargs):
+        if _int8pack_crashes(x, w):
+            return _int8pack_as_formula(x, w, scale)
         x, w, scale = dense_unit_strides(x), ir.ExternKernel.require_contiguous(w), realize_inputs(scale)
         return original(x, as_tensor_box(w), as_tensor_box(scale), *args, **kwargs)
 
     lowering_with_realized_scale._qlower_wrapped = True  # type: ignore[attr-defined]
     lowering.lowerings[op] = lowering_with_realized_scale
+
+
+def _int8pack_crashes(x: Any, w: Any) -> bool:
+    """Whether ATen's CPU `_weight_int8pack_mm` crashes on these operands: bf16 x on CPU, K not a known
+    multiple of 16 (`fix_int8pack_lowering`)."""
+    from torch._inductor.virtualized import V
+
+    device = x.get_device()
+    k = w.get_size()[-1]
+    return (
+        device is not None
+        and device.type == "cpu"
+        and x.get_dtype() == torch.bfloat16
+        and not V.graph.sizevars.statically_known_true(sympy.Eq(sympy.Mod(k, 16), 0))
+    )
+
+
+def _int8pack_as_formula(x: Any, w: Any, scale: Any) -> Any:
+    """`(x @ w.to(x.dtype).T) * scale` through Inductor's own lowerings: the formula stock's woq pattern matched."""
+    from torch._inductor.lowering import lowerings
+
+    convert = lowerings[torch.ops.prims.convert_element_type.default]
+    wd = convert(w, x.get_dtype())
+    mm = lowerings[aten.mm.default](x, lowerings[aten.permute.default](wd, [1, 0]))
+    out = lowerings[aten.mul.Tensor](mm, scale)
+    return out if out.get_dtype() == x.get_dtype() else convert(out, x.get_dtype())
 
 
 def dense_unit_strides(x):
