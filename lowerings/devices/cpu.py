@@ -33,6 +33,7 @@ from qlower.lowerings.emit.woq_int8 import (
     emit_woq_int8_gemm,
     make_emit_int8pack_by_m,
 )
+from qlower.lowerings.graph.inductor_fixes import INT8PACK_BF16_K_MULTIPLE
 from qlower.lowerings.kernels import cpu_prepack, native
 from qlower.lowerings.preference import KernelPreference
 from qlower.lowerings.registry import Lowering, register_backend
@@ -53,8 +54,11 @@ def _packed_kernel_is_correct(rec: QuantLinear) -> str | None:
         return "K or N is symbolic (dynamic weight shape)"
     if rec.compute_dtype not in PACKED_MAX_M:
         return f"activation dtype {rec.compute_dtype} not supported by _weight_int8pack_mm"
-    if rec.compute_dtype == torch.bfloat16 and rec.k % 16 != 0:
-        return f"bf16 _weight_int8pack_mm on CPU needs K % 16 == 0 (K={rec.k}); it gives wrong numbers or crashes"
+    if rec.compute_dtype == torch.bfloat16 and rec.k % INT8PACK_BF16_K_MULTIPLE != 0:
+        return (
+            f"bf16 _weight_int8pack_mm on CPU needs K % {INT8PACK_BF16_K_MULTIPLE} == 0 (K={rec.k}); it gives "
+            "wrong numbers or crashes"
+        )
     return weight_scale_range_blocker(rec)
 
 

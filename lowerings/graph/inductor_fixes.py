@@ -15,6 +15,10 @@ import torch
 
 aten = torch.ops.aten
 
+# ATen's CPU `_weight_int8pack_mm` runs bf16 activations only where K is a multiple of this (else wrong numbers
+# or SIGSEGV): qlower's CPU rule (devices/cpu.py) and the lowering fix below both read it.
+INT8PACK_BF16_K_MULTIPLE = 16
+
 
 def apply_graph_fixes() -> None:
     """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: the matmul
@@ -74,7 +78,7 @@ def _int8pack_crashes(x: Any, w: Any) -> bool:
         device is not None
         and device.type == "cpu"
         and x.get_dtype() == torch.bfloat16
-        and not V.graph.sizevars.statically_known_true(sympy.Eq(sympy.Mod(k, 16), 0))
+        and not V.graph.sizevars.statically_known_true(sympy.Eq(sympy.Mod(k, INT8PACK_BF16_K_MULTIPLE), 0))
     )
 
 
