@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from tests.helpers.triton_launches import run_python
+from tests.helpers import run_python
 
 SCRIPT = """
 import torch, qlower

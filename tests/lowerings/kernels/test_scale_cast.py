@@ -14,11 +14,7 @@ torchao linear against the uncompiled one, with no Inductor kernel left.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -29,12 +25,11 @@ from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import woq_int8
 from qlower.patterns.record import QuantLinear, ScaleCast, ScaleSite
 from tests.forms.woq_int8 import assert_close_to_reference
-from tests.helpers import ROOT, SUBPROCESS_TIMEOUT_S
+from tests.helpers import run_python
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-TESTS = ROOT / "tests"  # the subprocesses' working directory
 
 
 def _torchao_linear(k: int, n: int, dtype: torch.dtype, bias: bool = False, device: str = "cpu"):
@@ -111,19 +106,6 @@ def test_cast_not_absorbed(fn) -> None:
 
 
 # ----------------------------------------------------------------------------------- kernels (interpreter)
-def _run_python(script: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        cwd=TESTS,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc.stdout
-
-
 # x in {-1, 0, 1} and |w| <= 42 at K = 48: |x @ w.T| <= 2016 is an integer exact in fp16 and fp32, in any
 # sum order, and its products with an fp16 scale are exact in fp32. So the graph's
 # `mm(x, w.t().half()) * s.half()` (eager fp16) rounds exactly once, at the end, as the kernels do: any kernel
@@ -194,7 +176,7 @@ print("ok")
 
 @needs_triton
 def test_kernels_round_the_fp32_scale_like_the_graph() -> None:
-    out = _run_python(INTERPRETER_SCRIPT)
+    out = run_python(INTERPRETER_SCRIPT, env={"TRITON_INTERPRET": "1"})
     assert out.strip().endswith("ok"), out
 
 

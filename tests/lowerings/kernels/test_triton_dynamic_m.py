@@ -16,7 +16,8 @@ import torch
 
 from qlower.lowerings.devices import crossovers
 from qlower.lowerings.kernels.triton import configs
-from tests.helpers.triton_launches import kernel_launches, needs_triton, run_python
+from tests.helpers import run_python
+from tests.helpers.triton_launches import kernel_launches, needs_triton
 
 PLAN_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 6144), (4096, 28672), (1000, 520))
 # and a few (K, N) the tables never saw, drawn once with a fixed seed (multiples of 8 and odd sizes alike)

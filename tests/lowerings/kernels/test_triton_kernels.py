@@ -19,7 +19,8 @@ from qlower.lowerings.kernels.triton.configs import mm
 from qlower.lowerings.preference import KernelPreference
 from qlower.patterns import FAMILIES
 from tests.forms.woq_int8 import WoqLinear
-from tests.helpers.triton_launches import KERNEL_NAMES, kernel_launches, needs_triton, run_python
+from tests.helpers import run_python
+from tests.helpers.triton_launches import KERNEL_NAMES, kernel_launches, needs_triton
 
 # ------------------------------------------------------------------------------------------------ CPU
 INTERPRETER_SCRIPT = """
