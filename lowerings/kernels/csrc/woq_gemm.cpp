@@ -716,10 +716,10 @@ Kernels make_kernels() {
 // call (M x K elements, against N x K converted weight elements). A tile step covers 64 bytes (32 bf16) of K.
 // Tiles: tmm0..3 C [16 n x 16 m] fp32, tmm4-5 A (weight rows n0..n0+15, n0+16..n0+31), tmm6-7 B (X^T columns
 // m0..m0+15, m0+16..m0+31).
-// Work: threads over blocks of 32 weight rows, the weight converted kKcSteps steps at a time into an L1
-// buffer. M <= kSmallM: one block of M whose C stays in tiles over all of K. Larger M: chunks of kMChunk
-// columns of X^T, each block converted once per chunk, C tiles saved between K blocks (large_m). The
-// result tiles are transposed back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps
+// Work: threads over blocks of 32 weight rows. M <= kSmallM: one block of M whose C stays in tiles over all
+// of K, the weight converted one K step at a time a few steps ahead of the tiles (small_m). Larger M: the
+// weight converted kKcSteps steps at a time into an L1 buffer, chunks of kMChunk columns of X^T, each block
+// converted once per chunk, C tiles saved between K blocks (large_m). The result tiles are transposed back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps
 // treats bf16 denormal inputs as zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on
 // these CPUs). The same tiles on AMX-INT8 (tdpbssd on the weight's own bytes) for dynamic int8 measured at
 // parity with oneDNN's `_int_mm` (0.8-1.18x at M = 1..64, 2 threads; 0.6-1.0x at M = 128..1024), so that op is
@@ -966,20 +966,84 @@ void Bf16Product::finish(const void* tiles, float* c, int64_t m0, int64_t mb, in
   kk.epilogue(p, c, kRows, m0, mb, n0, nb);
 }
 
+// The small-M path converts the weight one K step (32 rows x 32 elements) at a time into a ring of kRing
+// slots, kAhead steps ahead of the tile step that reads it, so the conversion (AVX-512) runs while the tiles
+// multiply: converting 8 steps into a buffer, then multiplying them, left each unit idle while the other ran
+// (M = 8-32 on the H200 host's Xeon: 1.10-1.94x bf16 before, 1.23-2.32x with the ring; BENCHMARKS.md, "CPU,
+// woq_int8: qlower::woq_int8_gemm"). A slot is read kAhead steps after its stores, which have left the store
+// buffer by then. Blocks the ring does not take (a weight scaled in the graph, K not a multiple of 32, a
+// partial last block of rows) convert kKcSteps steps at a time through `pack`.
+constexpr int64_t kRing = 4;   // step slots of kRows rows x 64 bytes
+constexpr int64_t kAhead = 2;  // steps converted ahead of the tiles
+constexpr int64_t kSlotBytes = kRows * kStepBytes;
+
+// K step ks (32 elements) of weight rows [n0, n0 + kRows), all within N and K: exact int8 -> bf16 into slot.
+inline void convert_step(const Problem& p, int64_t n0, int64_t ks, uint8_t* slot) {
+  const int8_t* src = p.w + n0 * p.sn + ks * 32;
+#pragma GCC unroll 4
+  for (int64_t j = 0; j < kRows; ++j) {
+    const int8_t* r = src + j * p.sn;
+    if ((ks & 1) == 0) {  // one line per row every two steps, 16 steps ahead
+      _mm_prefetch(reinterpret_cast<const char*>(r) + 512, _MM_HINT_T0);
+    }
+    _mm512_store_si512(slot + j * kStepBytes, (__m512i)avx512_bf16::bf16x32_of_i8(r));
+  }
+}
+
+bool ring_fits(const Problem& p, int64_t n0) {
+  return !p.scale_on_weight && p.K % 32 == 0 && n0 + kRows <= p.N;
+}
+
+// C += the block's rows x X^T over all of K through the ring (ring: kRing slots, 64-byte aligned).
+template <bool B2>
+void accumulate_ring(const Problem& p, const PackedX& x, int64_t n0, uint8_t* ring) {
+  const int64_t ksteps = x.ksteps;
+  for (int64_t s = 0; s < std::min(kAhead, ksteps); ++s) {
+    convert_step(p, n0, s, ring + (s % kRing) * kSlotBytes);
+  }
+  for (int64_t ks = 0; ks < ksteps; ++ks) {
+    const uint8_t* a = ring + (ks % kRing) * kSlotBytes;
+    const uint8_t* b = x.at(0, ks);
+    _tile_loadd(4, a, kStepBytes);
+    _tile_loadd(5, a + 16 * kStepBytes, kStepBytes);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (B2) {
+      _tile_loadd(7, b + x.bstride, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    if (ks + kAhead < ksteps) {
+      convert_step(p, n0, ks + kAhead, ring + ((ks + kAhead) % kRing) * kSlotBytes);
+    }
+  }
+}
+
 // M <= kSmallM: one X^T block; its C stays in tiles over all of K.
 void small_m(const Bf16Product& g, const PackedX& x, int64_t lo, int64_t hi) {
-  thread_local std::vector<uint8_t> a_buf;
+  thread_local std::vector<uint8_t> a_buf, ring_buf;
   thread_local std::vector<float> t_buf, c_buf;
   uint8_t* a = grown(a_buf, static_cast<size_t>(kRows * kKcBytes));
+  uint8_t* ring_raw = grown(ring_buf, static_cast<size_t>(kRing * kSlotBytes + 64));
+  uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ring_raw) + 63) & ~uintptr_t{63});
   float* tiles = grown(t_buf, static_cast<size_t>(4 * kCTile));
   float* c = grown(c_buf, static_cast<size_t>(kCols * kRows));
   for (int64_t blk = lo; blk < hi; ++blk) {
     const int64_t n0 = blk * kRows;
     zero_c();
-    for (int64_t s0 = 0; s0 < x.ksteps; s0 += kKcSteps) {
-      const int64_t steps = std::min(kKcSteps, x.ksteps - s0);
-      g.pack(n0, s0, steps, a, kKcBytes);
-      accumulate_any(g.M, a, kKcBytes, x, x.at(0, s0), steps);
+    if (ring_fits(g.p, n0)) {
+      if (g.M > 16) {
+        accumulate_ring<true>(g.p, x, n0, ring);
+      } else {
+        accumulate_ring<false>(g.p, x, n0, ring);
+      }
+    } else {
+      for (int64_t s0 = 0; s0 < x.ksteps; s0 += kKcSteps) {
+        const int64_t steps = std::min(kKcSteps, x.ksteps - s0);
+        g.pack(n0, s0, steps, a, kKcBytes);
+        accumulate_any(g.M, a, kKcBytes, x, x.at(0, s0), steps);
+      }
     }
     save_c(g.M, tiles);
     g.finish(tiles, c, 0, g.M, n0, std::min(kRows, g.N - n0));

@@ -216,9 +216,15 @@ def test_chunked_tails_match_float64(dtype, monkeypatch):
 
 # (M, K, N) for the AMX path: M below, at and past one and two 16-column tiles of X^T (the small-M path up to
 # 32; above it chunks of 128 columns: 260 in three chunks of 32-column blocks), K short of, at and past one
-# 32-element tile step and one 256-element conversion block, N short of and past one 32-row weight block.
+# 32-element tile step and one 256-element conversion block, N short of and past one 32-row weight block; and
+# the small-M path's ring of converted K steps (K a multiple of 32, whole 32-row blocks): K of as many steps as
+# it converts ahead (64), and of many steps, with a partial last block of rows beside whole ones.
 AMX_SHAPES = (
     (1, 31, 1),
+    (1, 64, 32),
+    (16, 4096, 64),
+    (17, 1024, 80),
+    (32, 2048, 96),
     (15, 32, 33),
     (16, 33, 31),
     (17, 300, 70),
@@ -580,6 +586,10 @@ def test_report_names_the_kernel_path_a_static_m_runs(m, monkeypatch):
 
 
 @pytest.mark.skipif("avx512_bf16" not in native.supported_isas(), reason="needs AVX512-BF16")
+@pytest.mark.skipif(
+    "amx_bf16" in native.supported_isas(),
+    reason="an AMX CPU runs its own tiles at M 8-128 whatever oneDNN runs",
+)
 def test_auto_without_amx_gemm_takes_vdpbf16ps(monkeypatch):
     """Where oneDNN's bf16 GEMM has no AMX (an AVX512-BF16 EPYC; here oneDNN capped), auto runs the fp32-FMA
     kernels below M = 4, the vdpbf16ps ones (int8 converted in registers, 8-row tiles) from there, and the
