@@ -22,12 +22,49 @@ INT8PACK_BF16_K_MULTIPLE = 16
 
 def apply_graph_fixes() -> None:
     """The fixes for what any graph compiled with qlower's pass may hold, lowered by qlower or not: the matmul
-    operands' strides, the C++ loop split of fused groups of unequal loop sizes (MX backward), and
-    `_weight_int8pack_mm` (which stock Inductor's own woq pattern emits for a subgraph qlower leaves alone).
-    Idempotent; QLowerPass calls it when it is made (`qlower.inductor_options()` makes one), not per graph."""
+    operands' strides, the `torch.cond` operands' strides, the C++ loop split of fused groups of unequal loop
+    sizes (MX backward), and `_weight_int8pack_mm` (which stock Inductor's own woq pattern emits for a subgraph
+    qlower leaves alone). Idempotent; QLowerPass calls it when it is made (`qlower.inductor_options()` makes
+    one), not per graph."""
     fix_matmul_unit_strides()
+    fix_cond_operand_strides()
     fix_cpp_loop_split_sizes()
     fix_int8pack_lowering()
+
+
+@functools.cache
+def fix_cond_operand_strides() -> None:
+    """torch 2.11-2.13: Inductor's `torch.cond` lowering realizes its operands without fixing their layouts,
+    while it lowers each branch with the operands' fake tensors as example inputs, and the branch function
+    asserts its inputs have those strides. A computed operand (a pointwise result, a `clone` of a permuted
+    view) takes whatever layout Inductor decides, which need not be its fake's: MXFP4's CUTLASS block scales,
+    `permute(...).contiguous()` in the graph, reached a host branch as the permuted view ("expected size
+    4==4, stride 4==1024"; tests/end_to_end/test_cond_operand_strides.py reproduces it with stock ops).
+    Each tensor operand is required to have its fake's exact strides first, as the lowering already does for
+    the branches' outputs."""
+    from torch._inductor import ir, lowering
+    from torch._inductor.virtualized import V
+
+    op = torch.ops.higher_order.cond
+    original = lowering.lowerings.get(op)
+    if original is None or getattr(original, "_qlower_wrapped", False):
+        return
+    if not hasattr(ir.ExternKernel, "require_exact_strides"):
+        return
+
+    @functools.wraps(original)
+    def cond_with_exact_operand_strides(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
+        fx_operands = V.graph.current_node.args[-1]
+        fixed = []
+        for x, fx_x in zip(operands, fx_operands, strict=True):
+            fake = fx_x.meta.get("val") if isinstance(fx_x, torch.fx.Node) else None
+            if isinstance(x, ir.TensorBox) and isinstance(fake, torch.Tensor):
+                x = ir.ExternKernel.require_exact_strides(x, fake.stride(), allow_padding=False)
+            fixed.append(x)
+        return original(pred, true_fn, false_fn, fixed)
+
+    cond_with_exact_operand_strides._qlower_wrapped = True  # type: ignore[attr-defined]
+    lowering.lowerings[op] = cond_with_exact_operand_strides
 
 
 @functools.cache

@@ -8,6 +8,7 @@ included, and a compiled model whose report, generated code and numbers show the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -283,7 +284,8 @@ def test_compiled_model_runs_cutlass_for_prefill(sm90):
 @pytest.mark.parametrize("mode", ["reduce-overhead"])
 def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
     """A symbolic M under CUDA graphs (AUTO): qlower's Triton op with the CUTLASS GEMM as its branch above
-    M = 127 (launches gated by M); every M within the float64 bound."""
+    M = 127 (launches gated by M; the GEMM runs inside `qlower::woq_int8_dense_gated`, its last argument
+    `cutlass` True); every M within the float64 bound."""
     from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
@@ -303,7 +305,8 @@ def test_symbolic_m_runs_triton_below_and_cutlass_above(sm90, mode):
             if i == 0:
                 torch._dynamo.mark_dynamic(x, 0)
                 out, code = run_and_get_code(compiled, x)
-                assert "woq_int8_cutlass" in "\n".join(code)
+                gated = re.findall(r"woq_int8_dense_gated\.default\((.*)\)", "\n".join(code))
+                assert gated and all(call.rstrip().endswith("True") for call in gated), gated
                 assert [e.lowering for e in qlower.last_report().lowered] == [LOWERING], (
                     qlower.last_report().table()
                 )

@@ -275,6 +275,28 @@ def test_mx_bf16_decodes_every_code_pair_exactly(m):
     assert torch.equal(y.float(), want.t()[torch.arange(m, device=DEV) % k].float())  # -0.0 sums to +0.0
 
 
+def _lowering_at(a_elem: str | None, w_elem: str, m: int, pref: str, n: int, k: int) -> str:
+    """What AUTO picks for a static M: qlower's CUTLASS MXFP4 GEMM in its M range where it is built for this
+    GPU (weight-only MXFP4, `devices/crossovers.py: CUTLASS_MXFP4_M_RANGE`), else the Triton MX op."""
+    from qlower.lowerings.devices.crossovers import CUTLASS_MXFP4_M_RANGE
+    from qlower.lowerings.kernels.cutlass import build as cutlass_build
+    from qlower.lowerings.kernels.cutlass.configs import MXFP4_K_MULTIPLE, MXFP4_N_MULTIPLE
+
+    lo, hi = CUTLASS_MXFP4_M_RANGE or (1, 0)
+    in_range = lo <= m and (hi is None or m <= hi)
+    cutlass = (
+        pref == "AUTO"
+        and a_elem is None
+        and w_elem == "e2m1"
+        and in_range
+        and k % MXFP4_K_MULTIPLE == 0
+        and n % MXFP4_N_MULTIPLE == 0
+        and torch.cuda.get_device_capability() == (9, 0)
+        and not isinstance(cutlass_build.library(), str)
+    )
+    return "cutlass.mxfp4_weight_only" if cutlass else "triton.mx_linear"
+
+
 def cdiv_rows(m: int, k: int) -> int:
     return (m + k - 1) // k
 
@@ -284,7 +306,7 @@ def cdiv_rows(m: int, k: int) -> int:
     [
         (None, "e2m1", 1, "AUTO"),  # the f16x2 GEMV
         (None, "e2m1", 9, "AUTO"),  # `mx_bf16` tiles (M 3-16, then 33-64 below)
-        (None, "e2m1", 40, "AUTO"),
+        (None, "e2m1", 40, "AUTO"),  # the CUTLASS MXFP4 GEMM where it is built (sm_90), else `mx_bf16` tiles
         (None, "e2m1", 300, "AUTO"),  # `mx_bf16` dequantize + cuBLAS
         (None, "e4m3", 1, "AUTO"),  # the f16x2 GEMV, fp8 weights
         (None, "e4m3", 9, "AUTO"),  # the mx_decode dot kernel
@@ -313,7 +335,7 @@ def test_special_scale_codes_match_the_eager_model(a_elem, w_elem, m, pref):
     ref = f(x)
     assert ref[:, 7].isposinf().all() and ref[:, 3].isnan().all()
     y = _compiled(f, kernel_preference=pref)(x)
-    assert [d.lowering for d in qlower.last_report()] == ["triton.mx_linear"]
+    assert [d.lowering for d in qlower.last_report()] == [_lowering_at(a_elem, w_elem, m, pref, n, k)]
     assert torch.equal(y.isnan(), ref.isnan())
     assert torch.equal(y == float("inf"), ref == float("inf"))
     assert torch.equal(y == float("-inf"), ref == float("-inf"))
