@@ -55,6 +55,8 @@ def fix_cond_operand_strides() -> None:
     @functools.wraps(original)
     def cond_with_exact_operand_strides(pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
         fx_operands = V.graph.current_node.args[-1]
+        if not isinstance(fx_operands, (list, tuple)) or len(fx_operands) != len(operands):
+            return original(pred, true_fn, false_fn, operands)
         fixed = []
         for x, fx_x in zip(operands, fx_operands, strict=True):
             fake = fx_x.meta.get("val") if isinstance(fx_x, torch.fx.Node) else None
