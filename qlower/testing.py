@@ -8,8 +8,12 @@ self.assertExpectedInline(qlower.testing.graph_summary(gm), '''...''')
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import types
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import fx
@@ -146,3 +150,40 @@ def graph_summary(gm: fx.GraphModule | fx.Graph) -> str:
         args = [_fmt(a) for a in node.args] + [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()]
         lines.append(f"{node.name}: {ty} = {_target_name(node)}({', '.join(args)})")
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def fake_sm90() -> Iterator[None]:
+    """Lower as on an H100 on any machine: its device facts (capability 9.0, 132 multiprocessors, its name, CUDA
+    available) for the lowering rules and kernel choices, and qlower's CUTLASS library taken as built (nothing
+    is loaded while lowering). For graphs traced with fake CUDA tensors (`scripts/bench_pass.py`); nothing runs
+    on a device. The caches that hold device facts are emptied before and after."""
+    from qlower.lowerings.devices.cuda import override_cuda_capability
+    from qlower.lowerings.kernels.cutlass import build as cutlass_build
+    from qlower.lowerings.kernels.cutlass import configs as cutlass_configs
+    from qlower.lowerings.kernels.cutlass import w8a16
+    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
+
+    props = types.SimpleNamespace(multi_processor_count=132, name="NVIDIA H100 80GB HBM3", major=9, minor=0)
+    cached = (cutlass_configs.device_name, w8a16.sm_count)
+    for fn in cached:
+        fn.cache_clear()
+    patches = [
+        mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: (9, 0)),
+        mock.patch.object(torch.cuda, "get_device_properties", lambda device=None: props),
+        mock.patch.object(torch.cuda, "get_device_name", lambda device=None: props.name),
+        mock.patch.object(torch.cuda, "is_available", lambda: True),
+        mock.patch.object(
+            mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: w_fmt == mx_ops.E2M1 and x_dtype == torch.bfloat16
+        ),
+        mock.patch.object(cutlass_build, "library", lambda: Path("/nonexistent/libqlower_cutlass_sm90.so")),
+    ]
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        stack.enter_context(override_cuda_capability((9, 0)))
+        try:
+            yield
+        finally:
+            for fn in cached:
+                fn.cache_clear()

@@ -24,10 +24,12 @@ graph again at the next batch size (tests/lowerings/emit/test_no_guards_on_m.py)
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
@@ -166,9 +168,27 @@ def _free_name(gm: torch.nn.Module, name: str) -> str:
     return name
 
 
+@functools.cache
+def fresh_output_ops() -> frozenset[Any]:
+    """The higher-order ops whose outputs are tensors of their own (`_refresh_fakes`)."""
+    hops = torch.ops.higher_order
+    return frozenset({hops.cond, hops.triton_kernel_wrapper_functional})
+
+
 def _refresh_fakes(graph: fx.Graph, nodes: Sequence[fx.Node], fake_mode: Any) -> None:
-    """New fake values for copied nodes, from their (already fresh) inputs: each node runs under `fake_mode`."""
+    """New fake values for copied nodes, from their (already fresh) inputs: each node runs under `fake_mode`,
+    except the ops whose outputs are new tensors by contract (`fresh_output_ops`: a `torch.cond`'s outputs
+    alias none of its operands, a functional Triton launch returns clones), which get fresh fakes of the traced
+    outputs' sizes, strides and dtypes. A copy's operands have the trace's metadata (the cache key), so those
+    outputs do too; running them under fake mode ran both branch graphs of every cond again (nested ones in
+    turn) and each launch's argument handling, most of a copy's cost (`scripts/bench_pass.py`; the fakes:
+    tests/lowerings/emit/test_trace_reuse.py). Other nodes (views among them, whose fakes must alias their
+    base's) run."""
     gm = graph.owning_module
+    fresh_outputs = fresh_output_ops()
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
     def value(a: Any) -> Any:
         if not isinstance(a, fx.Node):
@@ -180,6 +200,10 @@ def _refresh_fakes(graph: fx.Graph, nodes: Sequence[fx.Node], fake_mode: Any) ->
     with fake_mode, unguarded_gated_sizes():
         for node in nodes:
             if node.op != "call_function":
+                continue
+            traced = node.meta.get("val")
+            if node.target in fresh_outputs and isinstance(traced, (list, tuple, dict)):
+                node.meta["val"] = pytree.tree_map_only(torch.Tensor, fresh, traced)
                 continue
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)

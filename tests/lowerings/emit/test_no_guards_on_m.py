@@ -11,7 +11,6 @@ that names M's symbol (`lowerings/graph/triton_inline.py: unguarded_gated_sizes`
 from __future__ import annotations
 
 import random
-import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from qlower.lowerings.devices.cuda import override_cuda_capability
 from qlower.lowerings.kernels.cutlass import build as cutlass_build
 from qlower.lowerings.kernels.triton import triton_unavailable
 from qlower.patterns import mx_format as fmt
-from qlower.testing import apply_pass
+from qlower.testing import apply_pass, fake_sm90
 from tests.forms.dynamic_int8 import per_token
 
 BF16 = torch.bfloat16
@@ -94,26 +93,11 @@ def _symbolic_graph(
 
 
 @pytest.fixture
-def sm90(monkeypatch):
-    """Fake sm_90 device facts for the kernels' launch rules (capability, multiprocessors, name); the caches
-    that hold device facts are emptied before and after, so no other test sees the fake GPU."""
-    from qlower.lowerings.kernels.cutlass import configs, w8a16
-    from qlower.lowerings.kernels.triton.mx import ops as mx_ops
-
-    cached = (configs.device_name, w8a16.sm_count)
-    for fn in cached:
-        fn.cache_clear()
-    props = types.SimpleNamespace(multi_processor_count=132, name="NVIDIA H100 80GB HBM3", major=9, minor=0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: props.name)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the int8 Triton rules ask
-    monkeypatch.setattr(
-        mx_ops, "bf16_decodes", lambda x_dtype, w_fmt: w_fmt == mx_ops.E2M1 and x_dtype == BF16
-    )
-    yield
-    for fn in cached:
-        fn.cache_clear()
+def sm90():
+    """Fake sm_90 device facts for the kernels' launch rules (`qlower.testing.fake_sm90`): capability,
+    multiprocessors, name; restored after, so no other test sees the fake GPU."""
+    with fake_sm90():
+        yield
 
 
 def _check(

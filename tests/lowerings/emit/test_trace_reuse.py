@@ -131,6 +131,46 @@ def test_linears_of_one_shape_trace_once_and_copy_apart(family, cpp_wrapper, mon
     # aliases to Inductor's reinplacing (one more copy per launch)
     fakes = [n.meta["val"] for n in four.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     assert len({id(v) for v in fakes}) == len(fakes)
+    _fresh_outputs_match_a_run(four)
+
+
+def _fresh_outputs_match_a_run(gm: torch.fx.GraphModule) -> None:
+    """A copied `torch.cond` or functional Triton launch gets fresh fakes of the traced node's outputs, not a run
+    of the op (`triton_inline._refresh_fakes`): each output a fake of its own, with the sizes, strides and dtype
+    that running the op on its operands' fakes gives."""
+    from qlower.lowerings.graph.triton_inline import fresh_output_ops
+
+    nodes = [n for n in gm.graph.nodes if n.target in fresh_output_ops()]
+    outs = [t for n in nodes for t in torch.utils._pytree.tree_leaves(n.meta["val"])]
+    assert len(nodes) > 1 and len({id(t) for t in outs}) == len(outs)
+    fake_mode = torch._guards.detect_fake_mode(outs)
+
+    def value(a):
+        if not isinstance(a, torch.fx.Node):
+            return a
+        return getattr(gm, a.target) if a.op == "get_attr" else a.meta["val"]
+
+    def meta(v):
+        return [(t.shape, t.stride(), t.dtype) for t in torch.utils._pytree.tree_leaves(v)]
+
+    with fake_mode:
+        for node in nodes:
+            ran = node.target(
+                *torch.fx.node.map_aggregate(node.args, value),
+                **torch.fx.node.map_aggregate(node.kwargs, value),
+            )
+            assert meta(ran) == meta(node.meta["val"]), node
+
+
+@pytest.mark.parametrize("family", list(FAMILY_MODELS))
+def test_gated_launch_copies_have_fresh_fakes(family, monkeypatch):
+    """Under CUDA graphs (launches gated by M in the main graph) the copies' launches get fakes of their own."""
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config.triton, "cudagraphs", True)
+    four, traces = _emit(family, [(64, 96)] * 4, monkeypatch)
+    assert traces == 1
+    _fresh_outputs_match_a_run(four)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_MODELS))
