@@ -39,7 +39,6 @@ from qlower.testing import apply_pass, fake_sm90
 
 BF16 = torch.bfloat16
 SHAPES = ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096))  # (K, N) of one layer's linears
-FAMILY_OF = {"woq_int8": "woq_int8", "dynamic_int8": "dynamic_int8", "mx": "mx"}
 M_HINT = 16
 
 
@@ -48,16 +47,17 @@ def _per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.clamp(torch.round(x.float() / s), -128, 127).to(torch.int8), s
 
 
-LINEAR: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "woq_int8": lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
-    "dynamic_int8": lambda x, w, s: _dynamic_int8(x, w, s),
-    "mx": lambda x, q, e: F.linear(x, fmt.dequantize(q, e, "e2m1", x.dtype)),
-}
-
-
 def _dynamic_int8(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     xq, sx = _per_token(x)
     return (torch._int_mm(xq, w.t()) * sx * s).to(x.dtype)
+
+
+# The forms qlower's recognizers take, per family name of the pass (`apply_pass(families=...)`).
+LINEAR: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "woq_int8": lambda x, w, s: F.linear(x, w.to(x.dtype)) * s,
+    "dynamic_int8": _dynamic_int8,
+    "mx": lambda x, q, e: F.linear(x, fmt.dequantize(q, e, "e2m1", x.dtype)),
+}
 
 
 def _weights(family: str, k: int, n: int) -> list[torch.Tensor]:
@@ -94,7 +94,7 @@ def measure(family: str, layers: int, cudagraphs: bool) -> dict[str, float | int
     )
     t1 = time.perf_counter()
     with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
-        report = apply_pass(gm, families=(FAMILY_OF[family],))
+        report = apply_pass(gm, families=(family,))
     t2 = time.perf_counter()
     return {
         "linears": layers * len(SHAPES),

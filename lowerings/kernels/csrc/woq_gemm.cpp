@@ -719,9 +719,9 @@ Kernels make_kernels() {
 // Work: threads over blocks of 32 weight rows. M <= kSmallM: one block of M whose C stays in tiles over all
 // of K, the weight converted one K step at a time a few steps ahead of the tiles (small_m). Larger M: the
 // weight converted kKcSteps steps at a time into an L1 buffer, chunks of kMChunk columns of X^T, each block
-// converted once per chunk, C tiles saved between K blocks (large_m). The result tiles are transposed back and finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps
-// treats bf16 denormal inputs as zero, as oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on
-// these CPUs). The same tiles on AMX-INT8 (tdpbssd on the weight's own bytes) for dynamic int8 measured at
+// converted once per chunk, C tiles saved between K blocks (large_m). The result tiles are transposed back and
+// finished by the avx512 epilogue (roundings, scale, bias). tdpbf16ps treats bf16 denormal inputs as zero, as
+// oneDNN's bf16 GEMM does on the same unit (the chunked path's GEMM on these CPUs). The same tiles on AMX-INT8 (tdpbssd on the weight's own bytes) for dynamic int8 measured at
 // parity with oneDNN's `_int_mm` (0.8-1.18x at M = 1..64, 2 threads; 0.6-1.0x at M = 128..1024), so that op is
 // not built: BENCHMARKS.md, "CPU, woq_int8: qlower::woq_int8_gemm".
 #pragma GCC push_options
